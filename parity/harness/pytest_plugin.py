@@ -1,0 +1,1 @@
+"""pytest plugin: parity scenarios as parametrized tests (filled in by the harness)."""
