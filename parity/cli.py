@@ -1,0 +1,267 @@
+"""The `parity` command line.
+
+Exit codes: 0 all checks pass; 1 a parity or golden mismatch; 2 bad usage, config or input;
+3 a runtime failure (a rank died, a timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RUNTIME = 0, 1, 2, 3
+DEFAULT_SCENARIO = "default"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors exit 2 with usage, never a traceback
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="parity", description="Bitwise-parity verification harness for distributed "
+                "FP8 training: Muon FP8 param gather ON vs OFF, in lockstep, bit for bit.")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run scenarios ON and OFF in lockstep and compare every step")
+    r.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                   help="scenario names or .toml files (default: the 'default' scenario)")
+    r.add_argument("--recipe", choices=("blockwise", "mxfp8"))
+    r.add_argument("--ep", type=int, help="expert-parallel size (implies --moe)")
+    r.add_argument("--dp", type=int, help="data-parallel size (= world size)")
+    r.add_argument("--world", type=int, help="number of ranks")
+    r.add_argument("--overlap", action="store_true", default=None,
+                   help="overlap grad reduce and param gather (deferred gather)")
+    r.add_argument("--no-overlap", dest="overlap", action="store_false")
+    r.add_argument("--moe", action="store_true", default=None)
+    r.add_argument("--layout", choices=("compact", "padded"))
+    r.add_argument("--pair", choices=("fp8_param_gather", "overlap_param_gather", "force_sync"))
+    r.add_argument("--steps", type=int)
+    r.add_argument("--lr", type=float)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--bucket-size", type=int)
+    r.add_argument("--device", choices=("cpu", "cuda"))
+    r.add_argument("--out", default="out", help="output directory (default: ./out)")
+    r.add_argument("--snapshot", choices=("none", "divergent", "all"), default="divergent")
+    r.add_argument("--golden", choices=("check", "off"), default="off",
+                   help="check each scenario against its golden record")
+    r.add_argument("--goldens", default=None, help="golden root (default: ./goldens of the repo)")
+    r.add_argument("--allow-other-platform", action="store_true",
+                   help="check against a golden recorded on another platform (approximate tier)")
+    r.add_argument("--junit", metavar="FILE")
+    r.add_argument("--fail-fast", action="store_true")
+    r.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="ulp:STEP:PHASE:PARAM | crash:RANK:STEP | hang:RANK:STEP | a catalogue fault")
+    r.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds")
+    r.add_argument("--allow-nondeterministic", action="store_true",
+                   help="run even if the determinism environment contradicts the contract")
+    r.add_argument("--quiet", action="store_true")
+
+    sub.add_parser("list", help="list the scenarios")
+
+    g = sub.add_parser("golden", help="golden records: check, regen, show")
+    g.add_argument("action", choices=("check", "regen", "show"))
+    g.add_argument("scenarios", nargs="*", metavar="SCENARIO")
+    g.add_argument("--goldens", default=None)
+    g.add_argument("--accept", action="store_true", help="regen: accept the new records (exit 0)")
+    g.add_argument("--only-failing", action="store_true", help="regen: only scenarios that fail check")
+    g.add_argument("--out", default="out")
+    g.add_argument("--device", choices=("cpu", "cuda"))
+
+    d = sub.add_parser("diff", help="compare two snapshot files or directories")
+    d.add_argument("a")
+    d.add_argument("b")
+
+    t = sub.add_parser("triage", help="localize and measure divergence from a run directory")
+    t.add_argument("run")
+    t.add_argument("--against", default=None)
+    t.add_argument("--out", default=None)
+
+    s = sub.add_parser("selftest", help="inject every catalogued fault and show each is caught")
+    s.add_argument("faults", nargs="*")
+    s.add_argument("--out", default="out/selftest")
+    return p
+
+
+def main(argv=None) -> int:
+    from parity.harness.errors import ParityError
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return COMMANDS[args.cmd](args, argv)
+    except ParityError as e:
+        print(f"parity: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("parity: interrupted", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+def _resolve(names: list[str]):
+    from parity.harness.errors import ConfigError
+    from parity.harness.scenario import load_all, load_file
+
+    if not names:
+        names = [DEFAULT_SCENARIO]
+    known = None
+    out = []
+    for n in names:
+        if n.endswith(".toml") or os.path.sep in n:
+            out += load_file(n)
+            continue
+        known = known if known is not None else {s.name: s for s in load_all()}
+        if n not in known:
+            close = [k for k in known if n in k][:8]
+            raise ConfigError(f"unknown scenario {n!r}" + (f"; did you mean: {', '.join(close)}" if close else
+                                                           "; `parity list` shows them"))
+        out.append(known[n])
+    return out
+
+
+def _apply_overrides(s, args):
+    from parity.harness.errors import UsageError
+    from parity.harness.scenario import make_scenario
+
+    raw = s.to_dict()
+    changed = {}
+    for flag, key in (("recipe", "recipe"), ("layout", "layout"), ("pair", "pair"), ("steps", "steps"),
+                      ("lr", "lr"), ("seed", "seed"), ("bucket_size", "bucket_size"),
+                      ("device", "device"), ("overlap", "overlap"), ("moe", "moe"), ("ep", "ep")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            changed[key] = v
+    if args.dp is not None and args.world is not None and args.dp != args.world:
+        raise UsageError("--dp and --world must agree (TP = PP = CP = 1: the world is data parallel)")
+    world = args.world or args.dp
+    if world is not None:
+        changed["world"] = world
+    if changed.get("ep", 1) > 1:
+        changed["moe"] = True
+        if world is None:
+            changed["world"] = max(changed["ep"], raw["world"]) if raw["world"] % changed["ep"] == 0 \
+                else changed["ep"]
+    if not changed:
+        return s
+    raw.update(changed)
+    suffix = "+".join(f"{k}={v}" for k, v in changed.items())
+    raw["name"] = f"{s.name}[{suffix}]"
+    return make_scenario(raw, source="command line")
+
+
+def cmd_run(args, argv) -> int:
+    from parity.harness import report as rep
+    from parity.harness.errors import ParityError, UsageError
+    from parity.harness.faults import parse_injection
+    from parity.harness.run import run_scenario
+    from parity.harness.runner import RunOptions
+    from parity.harness.platform import platform_fingerprint
+
+    injections = tuple(parse_injection(s) for s in args.inject)
+    scenarios = [_apply_overrides(s, args) for s in _resolve(args.scenarios)]
+    out = _prepare_out(args.out)
+    opts = RunOptions(injections=injections, snapshot=args.snapshot, out_dir=out,
+                      fail_fast=args.fail_fast, golden_digests=args.golden == "check",
+                      progress=not args.quiet)
+    entries = []
+    for s in scenarios:
+        if not args.quiet:
+            print(f"[parity] {s.name}: {s.pair} pair, {s.recipe}, world {s.world}, ep {s.ep}, "
+                  f"{'moe' if s.moe else 'dense'}, overlap {'on' if s.overlap else 'off'}, "
+                  f"{s.layout} layout, {s.steps} steps on {s.device}", flush=True)
+        entry, results = run_scenario(s, opts, timeout_s=args.timeout,
+                                      allow_nondeterministic=args.allow_nondeterministic)
+        if args.golden == "check" and entry["status"] != "error":
+            from parity.harness.goldens_cli import check_entry
+            check_entry(entry, s, results, args.goldens, args.allow_other_platform)
+        entries.append(entry)
+        _print_entry(entry, args.quiet)
+        if args.fail_fast and entry["status"] != "pass":
+            break
+    meta = {"version": _version(), "argv": ["parity"] + list(argv),
+            "platform": platform_fingerprint(scenarios[0].device, "nccl" if scenarios[0].device == "cuda" else "gloo")}
+    rep.write_reports(out, entries, meta, args.junit)
+    status = rep.overall_status(entries)
+    print(f"[parity] {status}: {sum(e['status'] == 'pass' for e in entries)}/{len(entries)} scenarios "
+          f"passed; report: {os.path.join(out, 'report.json')}")
+    return {"pass": EXIT_OK, "fail": EXIT_MISMATCH, "error": EXIT_RUNTIME}[status]
+
+
+def _print_entry(e, quiet):
+    fd = e.get("first_divergence")
+    line = f"[parity] {e['name']}: {e['status'].upper()} ({e['compared']} comparisons, {e.get('elapsed_s')} s"
+    if e.get("golden", "off") != "off":
+        line += f", golden {e['golden']}"
+    line += ")"
+    print(line, flush=True)
+    if fd:
+        print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']}"
+              f" (max {fd['max_ulp']} ULP, {fd['n_diff']} elements differ)")
+    for c in e.get("failed_checks", [])[:5]:
+        print(f"  check {c['check']} failed: {c['message']}")
+    if e["status"] == "error":
+        print(f"  error: {e.get('error')}")
+
+
+def _prepare_out(path: str) -> str:
+    from parity.harness.errors import UsageError
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".parity-write-probe")
+        with open(probe, "w") as f:
+            f.write("x")
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"output directory {path!r} is not writable: {e.strerror}") from None
+    return path
+
+
+def _version() -> str:
+    from parity import __version__
+    return __version__
+
+
+def cmd_list(args, argv) -> int:
+    from parity.harness.scenario import load_all
+
+    for s in load_all():
+        print(f"{s.name:48s} {s.pair:22s} {s.recipe:9s} world={s.world} ep={s.ep} "
+              f"{'moe' if s.moe else 'dense'} overlap={'on' if s.overlap else 'off'} {s.layout}")
+    return EXIT_OK
+
+
+def cmd_golden(args, argv) -> int:
+    from parity.harness.goldens_cli import golden_command
+    return golden_command(args, _resolve)
+
+
+def cmd_diff(args, argv) -> int:
+    from parity.harness.diff import diff_command
+    return diff_command(args.a, args.b)
+
+
+def cmd_triage(args, argv) -> int:
+    from parity.harness.triage import triage_command
+    return triage_command(args)
+
+
+def cmd_selftest(args, argv) -> int:
+    from parity.harness.selftest import selftest_command
+    return selftest_command(args)
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list, "golden": cmd_golden, "diff": cmd_diff,
+            "triage": cmd_triage, "selftest": cmd_selftest}
+
+if __name__ == "__main__":
+    sys.exit(main())

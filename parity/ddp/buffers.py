@@ -1,0 +1,164 @@
+"""Contiguous param/grad buffers, buckets and bucket groups (megatron.md s2.3-2.4)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from parity.ddp.layout import BufferKey, Layout
+from parity.model import is_quantized_param
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferConfig:
+    """Per-buffer DDP semantics. LayerWise buffers on the compact layout get a copy with
+    ``use_distributed_optimizer=False``: the single source of truth their buckets and groups
+    inherit."""
+
+    use_distributed_optimizer: bool
+    """Reduce-scatter grads and keep a flat param buffer (DistOpt); else all-reduce grads."""
+
+
+class Bucket:
+    def __init__(self, buffer, bucket_id: int, start: int, end: int, params: list):
+        self.buffer, self.id, self.start, self.end = buffer, bucket_id, start, end
+        self.params = params  # in layout (backprop) order
+        self.grad_data = buffer.grad_data[start:end]
+        self.param_data = None if buffer.param_data is None else buffer.param_data[start:end]
+        # LayerWise overlap gather state (set by the LayerWise optimizer).
+        self.layerwise_lists = None       # per-rank owned params in this bucket
+        self.layerwise_fp8_staged = None  # staging decision, persisted for the copy-back
+        self.gather_slots = None          # per-rank views into grad_data used by a pending gather
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+
+class ParamAndGradBuffer:
+    """One buffer: fp32 grad storage (``main_grad`` views) and, for DistOpt buffers, the flat
+    bf16 param storage the params are views of."""
+
+    def __init__(self, key: BufferKey, params: list, layout: Layout, config: BufferConfig,
+                 group, device):
+        self.key, self.params, self.layout, self.config = key, params, layout, config
+        self.group = group
+        self.dp = dist.get_world_size(group) if group is not None else 1
+        self.grad_data = torch.zeros(layout.numel, dtype=key.grad_dtype, device=device)
+        self.param_data = None
+        if config.use_distributed_optimizer:
+            if layout.numel % self.dp:
+                raise AssertionError(f"DistOpt buffer numel {layout.numel} not divisible by dp {self.dp}")
+            if any(is_quantized_param(p) for p in params):
+                raise NotImplementedError("FP8 params in a DistOpt buffer are not modelled")
+            self.param_data = torch.zeros(layout.numel, dtype=key.param_dtype, device=device)
+        for p in params:
+            start, end, _ = layout.index[p]
+            p.main_grad = self.grad_data[start:end].view(p.shape)
+            if self.param_data is not None:
+                view = self.param_data[start:end].view(p.shape)
+                view.copy_(p.data)
+                p.data = view
+        by_bucket: dict[int, list] = {}
+        for p in sorted(params, key=lambda q: layout.index[q][0]):
+            by_bucket.setdefault(layout.index[p][2], []).append(p)
+        self.buckets = [Bucket(self, i, s, e, by_bucket.get(i, []))
+                        for i, (s, e) in enumerate(layout.buckets)]
+
+    def report(self) -> dict:
+        lay = self.layout
+        pct = 100.0 * lay.padding / lay.numel if lay.numel else 0.0
+        return {"key": _key_str(self.key), "params": len(self.params), "numel": lay.numel,
+                "numel_unpadded": lay.numel_unpadded, "padding": lay.padding,
+                "padding_pct": round(pct, 3), "buckets": len(self.buckets),
+                "distopt": self.config.use_distributed_optimizer}
+
+
+def _key_str(k: BufferKey) -> str:
+    name = lambda d: str(d).replace("torch.", "")
+    return (f"{name(k.param_dtype)}/{name(k.grad_dtype)}/{'expert' if k.is_expert else 'dense'}/"
+            f"{'layerwise' if k.is_layer_wise else 'sibling'}")
+
+
+class BucketGroup:
+    """Buckets reduced by one collective type: all-reduce (LayerWise) or reduce-scatter (DistOpt)."""
+
+    def __init__(self, buckets: list[Bucket], *, check_agreement: bool = True):
+        kinds = {b.buffer.config.use_distributed_optimizer for b in buckets}
+        if check_agreement and len(kinds) > 1:
+            raise AssertionError("Cannot merge buckets with differing effective "
+                                 "use_distributed_optimizer into one bucket group")
+        self.buckets = buckets
+        # The collective of a group is decided by its head bucket; agreement makes that safe.
+        self.use_distributed_optimizer = buckets[0].buffer.config.use_distributed_optimizer
+        self.group = buckets[0].buffer.group
+        self.dp = buckets[0].buffer.dp
+        self.params = [p for b in buckets for p in b.params]
+        self._param_set = set(map(id, self.params))
+        self.ready: set = set()
+        self.grad_handles = None
+        self.rs_outputs = None
+        self.scaling = 1.0 / self.dp
+        # Deferred (overlapped) LayerWise param gather state.
+        self.param_gather_dispatched = False
+        self.param_gather_handle = None
+        self.next_param_gather_group = None
+        self.is_layer_wise = any(b.buffer.key.is_layer_wise for b in buckets)
+
+    def owns(self, p) -> bool:
+        return id(p) in self._param_set
+
+    def start_grad_sync(self, async_op: bool = False):
+        handles, outs = [], []
+        for b in self.buckets:
+            b.grad_data.mul_(self.scaling)
+            if self.dp == 1:
+                continue
+            if self.use_distributed_optimizer:
+                shard = b.numel // self.dp
+                out = torch.empty(shard, dtype=b.grad_data.dtype, device=b.grad_data.device)
+                h = dist.reduce_scatter_tensor(out, b.grad_data, group=self.group, async_op=async_op)
+                outs.append((b, out))
+            else:
+                h = dist.all_reduce(b.grad_data, group=self.group, async_op=async_op)
+            handles.append(h)
+        self.grad_handles, self.rs_outputs = handles, outs
+
+    def finish_grad_sync(self):
+        if self.grad_handles is None:
+            self.start_grad_sync(async_op=False)
+        for h in self.grad_handles:
+            if h is not None:
+                h.wait()
+        r = dist.get_rank(self.group) if self.dp > 1 else 0
+        for b, out in self.rs_outputs:
+            shard = b.numel // self.dp
+            b.grad_data[r * shard:(r + 1) * shard].copy_(out)
+        self.grad_handles, self.rs_outputs = None, None
+        self.ready.clear()
+        # Re-arm the deferred param gather for the next forward.
+        self.param_gather_dispatched = False
+
+    def register_grad_ready(self, p, overlap: bool):
+        self.ready.add(id(p))
+        if overlap and len(self.ready) == len(self._param_set) and self.grad_handles is None:
+            self.start_grad_sync(async_op=True)
+
+
+def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool = False,
+                      check_agreement: bool = True) -> list[BucketGroup]:
+    """One group per bucket; ``single_group`` merges all buckets (split by DistOpt semantics
+    unless the agreement check is disabled, which the merge fault does)."""
+    buckets = [b for buf in buffers for b in buf.buckets if b.params]
+    if not single_group:
+        return [BucketGroup([b]) for b in buckets]
+    if not check_agreement:
+        return [BucketGroup(buckets, check_agreement=False)]
+    groups = []
+    for kind in (False, True):
+        sel = [b for b in buckets if b.buffer.config.use_distributed_optimizer == kind]
+        if sel:
+            groups.append(BucketGroup(sel))
+    return groups

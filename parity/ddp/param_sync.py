@@ -1,0 +1,90 @@
+"""Whole-param LayerWise gather: staging, copy-back, and the deferred (overlapped) bucket path.
+
+Shared by the optimizer's eager ``allgather_params`` and the forward-pre-hook path, so the two
+cannot disagree on what is staged or how the payload is read back (megatron.md s2.9-2.12).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parity.dist.collectives import all_gather_uneven_into
+from parity.model import is_quantized_param
+
+
+def transport_dtype(fp8_staged: bool, params) -> torch.dtype:
+    if fp8_staged:
+        return torch.bfloat16
+    return params[0].dtype
+
+
+def is_fp8_staged(params, faults=frozenset()) -> bool:
+    """Stage a bucket through bf16-from-master iff ANY of its params is FP8 (a bucket can hold
+    FP8 matrices next to bf16 ones, e.g. the router)."""
+    if not params:
+        return False
+    if "mixed-bucket-head" in faults:
+        return is_quantized_param(params[0])
+    return any(is_quantized_param(p) for p in params)
+
+
+def stage(params, out: torch.Tensor, fp8_staged: bool, faults=frozenset()) -> None:
+    """Write my owned params, in list order, into the flat send slot ``out``."""
+    off = 0
+    for p in params:
+        n = p.numel()
+        if fp8_staged:
+            master = getattr(p, "main_param", None)
+            if master is None or master.numel() != n:
+                raise RuntimeError("fp8-staged gather needs every owned param's fp32 master")
+            src = master
+        else:
+            if is_quantized_param(p):
+                raise RuntimeError("cannot flatten an FP8 parameter on the raw (non-staged) path")
+            src = p.data
+        out[off:off + n].copy_(src.reshape(-1))
+        off += n
+
+
+def copy_back(params, flat: torch.Tensor, fp8_staged: bool, owned: bool) -> list:
+    """Read one rank's slot back into its params. fp8-staged: every slot (own included) is
+    requantized, so every rank holds Q(bf16(master)); raw: only non-owned params are written
+    (owned ones already hold bf16(master)). Returns the FP8 params written."""
+    written, off = [], 0
+    for p in params:
+        n = p.numel()
+        src = flat[off:off + n].view(p.shape)
+        off += n
+        if fp8_staged:
+            if is_quantized_param(p):
+                p.qt.requantize_(src)
+                written.append(p)
+            else:
+                p.data.copy_(src)
+        elif not owned:
+            p.data.copy_(src)
+    return written
+
+
+def gather_lists(lists: list[list], group, my_rank: int, out_flat: torch.Tensor | None,
+                 fp8_staged: bool, dtype: torch.dtype, device, faults=frozenset()):
+    """Uneven all-gather of per-rank owned params. Returns the flat receive buffer and sizes."""
+    sizes = [sum(p.numel() for p in lst) for lst in lists]
+    if sum(sizes) == 0:
+        return None, sizes
+    if out_flat is None:
+        out_flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    start = sum(sizes[:my_rank])
+    mine = out_flat[start:start + sizes[my_rank]]
+    stage(lists[my_rank], mine, fp8_staged, faults)
+    all_gather_uneven_into(out_flat[:sum(sizes)], mine, sizes, group)
+    return out_flat, sizes
+
+
+def copy_back_all(lists, flat, sizes, fp8_staged: bool, my_rank: int) -> None:
+    written, off = [], 0
+    for r, lst in enumerate(lists):
+        written += copy_back(lst, flat[off:off + sizes[r]], fp8_staged, owned=(r == my_rank))
+        off += sizes[r]
+    for p in written:
+        p.qt.post_all_gather_processing()

@@ -1,0 +1,298 @@
+"""Thin, explicit collective wrappers used by the training stack.
+
+Every wrapper takes the group explicitly (None means the default group) and is a no-op, or a
+local copy, on a group of one rank, so single-rank runs need no communicator traffic.
+
+Two things the raw ``torch.distributed`` calls do not give on every backend:
+
+- An uneven all-gather ("all-gather-v"). gloo refuses ``all_gather`` with different sizes, so
+  :func:`all_gather_uneven` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
+  backend does for uneven ``all_gather``. Sizes are known to every rank and are not exchanged.
+- FP8 data movement. gloo rejects float8 dtypes ("Invalid scalar type"), so the wrappers that only
+  move bytes (broadcasts, all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
+  arrive unchanged. Reductions on float8 are refused, as they are meaningless.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "CompletedWork",
+    "all_gather_into",
+    "all_gather_object",
+    "all_gather_uneven",
+    "all_gather_uneven_into",
+    "all_reduce_sum",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "group_rank",
+    "group_size",
+    "reduce_scatter_sum",
+]
+
+# torch 2.13 renamed the single-tensor collectives; keep working on the older names (torch 2.11).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+_FLOAT8_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+    if hasattr(torch, name)
+)
+
+
+class CompletedWork:
+    """Stands in for a ``dist.Work`` handle when nothing was sent (a group of one rank)."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return dist.group.WORLD if group is None else group
+
+
+def group_size(group: dist.ProcessGroup | None = None) -> int:
+    """Number of ranks in ``group`` (None: the default group)."""
+    return dist.get_world_size(_group(group))
+
+
+def group_rank(group: dist.ProcessGroup | None = None) -> int:
+    """This rank's rank within ``group`` (None: the default group)."""
+    return dist.get_rank(_group(group))
+
+
+def _done(async_op: bool) -> CompletedWork | None:
+    return CompletedWork() if async_op else None
+
+
+def _bytes_if_float8(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or a uint8 view of it for float8 dtypes (which gloo cannot send)."""
+    return t.view(torch.uint8) if t.dtype in _FLOAT8_DTYPES else t
+
+
+def _refuse_float8(t: torch.Tensor, what: str) -> None:
+    if t.dtype in _FLOAT8_DTYPES:
+        raise TypeError(f"{what}: reducing {t.dtype} tensors is not supported; reduce in a wider dtype")
+
+
+def _copy_unless_same(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.data_ptr() != src.data_ptr() or dst.stride() != src.stride():
+        dst.copy_(src)
+
+
+# ---------------------------------------------------------------------------------------------
+# Uneven all-gather
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_uneven_args(send: torch.Tensor, sizes: Sequence[int], group: dist.ProcessGroup) -> tuple[int, int]:
+    world = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    if me < 0:
+        raise ValueError("all_gather_uneven: this rank is not a member of the group")
+    if len(sizes) != world:
+        raise ValueError(f"all_gather_uneven: got {len(sizes)} sizes for a group of {world} ranks")
+    try:
+        bad = [s for s in sizes if operator.index(s) < 0]
+    except TypeError:
+        bad = [None]
+    if bad:
+        raise ValueError(f"all_gather_uneven: sizes must be non-negative ints, got {list(sizes)}")
+    if send.dim() != 1:
+        raise ValueError(f"all_gather_uneven: send must be 1-D, got shape {tuple(send.shape)}")
+    if send.numel() != sizes[me]:
+        raise ValueError(
+            f"all_gather_uneven: group rank {me} sends {send.numel()} elements but sizes[{me}] = {sizes[me]}"
+        )
+    return world, me
+
+
+def all_gather_uneven_into(
+    out_flat: torch.Tensor,
+    send: torch.Tensor,
+    sizes: Sequence[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Uneven all-gather into a preallocated flat buffer.
+
+    Group rank ``i``'s elements land in ``out_flat[sum(sizes[:i]) : sum(sizes[:i+1])]``.
+    ``out_flat`` may be a view into a larger buffer (it is written in place), and ``send`` may
+    already be this rank's slot of ``out_flat``.
+
+    Implementation: one broadcast rooted at each group rank, in group-rank order, skipping ranks
+    whose size is 0. Broadcasts only copy, so the result is bit-exact on any backend.
+
+    Args:
+        out_flat: 1-D contiguous receive buffer of ``sum(sizes)`` elements, dtype of ``send``.
+        send: this rank's 1-D tensor of ``sizes[group_rank]`` elements.
+        sizes: element count of every group rank, identical on all ranks (not exchanged).
+        group: the process group; None for the default group.
+
+    Returns:
+        ``out_flat``.
+    """
+    group = _group(group)
+    world, me = _check_uneven_args(send, sizes, group)
+    sizes = [operator.index(s) for s in sizes]
+    total = sum(sizes)
+    if out_flat.dim() != 1 or out_flat.numel() != total:
+        raise ValueError(
+            f"all_gather_uneven_into: out_flat must be 1-D with sum(sizes) = {total} elements, "
+            f"got shape {tuple(out_flat.shape)}"
+        )
+    if not out_flat.is_contiguous():
+        raise ValueError("all_gather_uneven_into: out_flat must be contiguous (collectives write raw memory)")
+    if out_flat.dtype != send.dtype or out_flat.device != send.device:
+        raise ValueError(
+            f"all_gather_uneven_into: out_flat is {out_flat.dtype} on {out_flat.device}, "
+            f"send is {send.dtype} on {send.device}"
+        )
+
+    offsets = [0]
+    for s in sizes:
+        offsets.append(offsets[-1] + operator.index(s))
+    mine = out_flat[offsets[me] : offsets[me + 1]]
+    _copy_unless_same(mine, send)
+    if world == 1:
+        return out_flat
+
+    out_bytes = _bytes_if_float8(out_flat)
+    works = []
+    for root in range(world):
+        if sizes[root] == 0:
+            continue
+        slot = out_bytes[offsets[root] : offsets[root + 1]]
+        # Issued asynchronously, in the same order on every rank; waited on below.
+        works.append(dist.broadcast(slot, src=dist.get_global_rank(group, root), group=group, async_op=True))
+    for work in works:
+        work.wait()
+    return out_flat
+
+
+def all_gather_uneven(
+    send: torch.Tensor,
+    sizes: Sequence[int],
+    group: dist.ProcessGroup | None = None,
+) -> list[torch.Tensor]:
+    """Uneven all-gather ("all-gather-v") of 1-D tensors whose sizes every rank already knows.
+
+    See :func:`all_gather_uneven_into` for how it is done.
+
+    Args:
+        send: this rank's 1-D tensor of ``sizes[group_rank]`` elements.
+        sizes: element count of every group rank, identical on all ranks (not exchanged).
+        group: the process group; None for the default group.
+
+    Returns:
+        One tensor per group rank, in group-rank order; this rank's entry holds a copy of
+        ``send``. The tensors are disjoint views of one new flat buffer.
+    """
+    sizes = [operator.index(s) for s in sizes]
+    out = torch.empty(sum(sizes), dtype=send.dtype, device=send.device)
+    all_gather_uneven_into(out, send, sizes, group)
+    return list(torch.split(out, sizes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Even collectives
+# ---------------------------------------------------------------------------------------------
+
+
+def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False):
+    """In-place sum all-reduce of ``t``. Returns a work handle when ``async_op``, else None."""
+    _refuse_float8(t, "all_reduce_sum")
+    if group_size(group) == 1:
+        return _done(async_op)
+    return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_group(group), async_op=async_op)
+
+
+def reduce_scatter_sum(
+    out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+):
+    """Sum reduce-scatter: ``inp`` (group size x ``out`` elements) -> this rank's chunk in ``out``."""
+    _refuse_float8(inp, "reduce_scatter_sum")
+    world = group_size(group)
+    if inp.numel() != out.numel() * world:
+        raise ValueError(
+            f"reduce_scatter_sum: input has {inp.numel()} elements, expected {world} x {out.numel()}"
+        )
+    if world == 1:
+        _copy_unless_same(out, inp.view_as(out))
+        return _done(async_op)
+    return _reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=_group(group), async_op=async_op)
+
+
+def all_gather_into(
+    out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+):
+    """Even all-gather of ``inp`` into ``out`` (group size x ``inp`` elements, rank order)."""
+    world = group_size(group)
+    if out.numel() != inp.numel() * world:
+        raise ValueError(f"all_gather_into: output has {out.numel()} elements, expected {world} x {inp.numel()}")
+    if world == 1:
+        _copy_unless_same(out, inp.view_as(out))
+        return _done(async_op)
+    return _all_gather_single(
+        _bytes_if_float8(out), _bytes_if_float8(inp), group=_group(group), async_op=async_op
+    )
+
+
+def all_to_all_single(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    out_split_sizes: Sequence[int] | None = None,
+    in_split_sizes: Sequence[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+):
+    """All-to-all along dim 0, with optional per-rank split sizes (rows), as ``dist.all_to_all_single``."""
+    if group_size(group) == 1:
+        if out.shape != inp.shape:
+            raise ValueError(f"all_to_all_single: one rank: shapes differ {tuple(out.shape)} vs {tuple(inp.shape)}")
+        _copy_unless_same(out, inp)
+        return _done(async_op)
+    return dist.all_to_all_single(
+        _bytes_if_float8(out),
+        _bytes_if_float8(inp),
+        output_split_sizes=None if out_split_sizes is None else list(out_split_sizes),
+        input_split_sizes=None if in_split_sizes is None else list(in_split_sizes),
+        group=_group(group),
+        async_op=async_op,
+    )
+
+
+def broadcast(t: torch.Tensor, group_src: int = 0, group: dist.ProcessGroup | None = None, async_op: bool = False):
+    """In-place broadcast of ``t`` from group rank ``group_src`` (a rank *within* ``group``)."""
+    group = _group(group)
+    if dist.get_world_size(group) == 1:
+        return _done(async_op)
+    return dist.broadcast(
+        _bytes_if_float8(t), src=dist.get_global_rank(group, group_src), group=group, async_op=async_op
+    )
+
+
+def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Gather a picklable object from every group rank; returns the list in group-rank order."""
+    world = group_size(group)
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj, group=_group(group))
+    return out
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    """Block until every rank of ``group`` gets here."""
+    if group_size(group) > 1:
+        dist.barrier(group=_group(group))

@@ -1,0 +1,192 @@
+"""Determinism environment: defaults, a fail-closed validator, and the switch that applies them.
+
+Entry points:
+
+- :data:`DETERMINISM_ENV`: the environment variables every rank runs with unless told otherwise.
+- :func:`validate_determinism_env`: the list of violations in an environment mapping.
+- :func:`apply_determinism`: validate, fill in the defaults, and put torch in deterministic mode.
+
+The environment must be applied *before* any communicator or CUDA context exists: NCCL reads
+``NCCL_*`` when a communicator is created and cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when its
+handle is created, so a value set afterwards is silently ignored. :mod:`parity.dist.launch` applies
+it in every rank before ``init_process_group``.
+
+Like Megatron's ``megatron/training/determinism.py`` the validator fails closed: a value it does not
+know is a violation, not a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ACCEPTED_CUBLAS_WORKSPACE_CONFIGS",
+    "ACCEPTED_NCCL_ALGO_TOKENS",
+    "DETERMINISM_ENV",
+    "DeterminismError",
+    "apply_determinism",
+    "validate_determinism_env",
+]
+
+DETERMINISM_ENV: dict[str, str] = {
+    # Ring's reduction order is fixed by the ring; Tree's depends on the topology NCCL detects.
+    "NCCL_ALGO": "Ring",
+    # NVLink SHARP reduces inside the switch, in an order the user cannot control.
+    "NCCL_NVLS_ENABLE": "0",
+    # cuBLAS is deterministic only with a fixed workspace (see the cuBLAS "Results reproducibility"
+    # notes); torch.use_deterministic_algorithms refuses CUDA matmuls without it.
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    # TransformerEngine: no atomics-based kernels (e.g. some fused attention / grouped-MLP backward).
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+    # Free NCCL buffers by stream synchronisation rather than recordStream: the same memory is then
+    # reused in the same order every run.
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    # One hardware queue: kernels (compute and communication) start in issue order.
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+}
+
+# NCCL_ALGO is a comma-separated list. Ring and the CollNet variants reduce in a fixed order;
+# "^NVLS" (everything except NVLS) is accepted as Megatron does. Tree is rejected: its reduction
+# order follows the detected topology and is not user-controllable. Anything else is rejected too,
+# including NCCL's per-collective "allreduce:ring;..." syntax, which this check does not parse.
+ACCEPTED_NCCL_ALGO_TOKENS: frozenset[str] = frozenset({"Ring", "CollnetDirect", "CollnetChain", "^NVLS"})
+
+# The two workspace sizes cuBLAS documents as reproducible.
+ACCEPTED_CUBLAS_WORKSPACE_CONFIGS: frozenset[str] = frozenset({":4096:8", ":16:8"})
+
+# Variables with exactly one accepted value.
+_SINGLE_VALUED = {"NCCL_NVLS_ENABLE": "0", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+
+
+class DeterminismError(Exception):
+    """The environment asks for a nondeterministic setting; raised before anything runs."""
+
+    exit_code = 2
+
+
+def _check_nccl_algo(value: str) -> str | None:
+    """The reason ``NCCL_ALGO=value`` is rejected, or None when it is accepted."""
+    tokens = [t.strip() for t in value.split(",")]
+    if not value.strip() or any(not t for t in tokens):
+        return "empty token (an empty NCCL_ALGO lets NCCL pick, which may pick Tree)"
+    accepted = {t.lower(): t for t in ACCEPTED_NCCL_ALGO_TOKENS}  # NCCL matches case-insensitively
+    bad = [t for t in tokens if t.lower() not in accepted]
+    if not bad:
+        return None
+    if any(t.lower().lstrip("^") == "tree" for t in bad):
+        return "Tree's reduction order depends on the detected topology"
+    return f"unknown token(s) {', '.join(repr(t) for t in bad)}"
+
+
+def validate_determinism_env(env: Mapping[str, str]) -> list[str]:
+    """Check an environment mapping against the determinism rules.
+
+    Only variables that are set are checked; unset ones get their default from
+    :data:`DETERMINISM_ENV` in :func:`apply_determinism`.
+
+    Args:
+        env: the environment to check, e.g. ``os.environ``.
+
+    Returns:
+        One line per violation, naming the variable, its value and the accepted values;
+        empty when the environment is acceptable.
+    """
+    violations: list[str] = []
+    algo = env.get("NCCL_ALGO")
+    if algo is not None:
+        reason = _check_nccl_algo(algo)
+        if reason is not None:
+            accepted = ", ".join(sorted(ACCEPTED_NCCL_ALGO_TOKENS))
+            violations.append(
+                f"NCCL_ALGO={algo!r}: {reason}; accepted: a comma-separated list of {accepted}"
+            )
+    for name, good in _SINGLE_VALUED.items():
+        value = env.get(name)
+        if value is not None and value.strip() != good:
+            violations.append(f"{name}={value!r}: accepted: {good!r}")
+    cublas = env.get("CUBLAS_WORKSPACE_CONFIG")
+    if cublas is not None and cublas.strip() not in ACCEPTED_CUBLAS_WORKSPACE_CONFIGS:
+        accepted = " or ".join(repr(v) for v in sorted(ACCEPTED_CUBLAS_WORKSPACE_CONFIGS))
+        violations.append(f"CUBLAS_WORKSPACE_CONFIG={cublas!r}: accepted: {accepted}")
+    return violations
+
+
+def apply_determinism(
+    env: MutableMapping[str, str] = os.environ,
+    *,
+    allow_nondeterministic: bool = False,
+    configure_torch: bool = True,
+    num_threads: int | None = 1,
+) -> dict[str, Any]:
+    """Validate ``env``, fill in the defaults, and switch torch to deterministic algorithms.
+
+    Call it in each rank before ``init_process_group`` and before the first CUDA call.
+
+    Args:
+        env: the environment to update in place (``os.environ`` by default).
+        allow_nondeterministic: report violations as warnings instead of raising. The offending
+            values are left as they are.
+        configure_torch: also set the process-wide torch switches (deterministic algorithms,
+            cuDNN, thread count). Pass False to touch only ``env``.
+        num_threads: ``torch.set_num_threads`` value; None leaves it alone. The default 1 keeps
+            ranks that share a few cores from oversubscribing them, and makes CPU reductions that
+            torch splits across threads independent of the host's core count.
+
+    Returns:
+        What was applied, for reports: ``env`` (every determinism variable's value now),
+        ``set_by_default`` (the ones this call set), ``violations``, ``warnings`` and, when
+        ``configure_torch``, ``torch`` (the switches).
+
+    Raises:
+        DeterminismError: ``env`` has violations and ``allow_nondeterministic`` is False.
+    """
+    violations = validate_determinism_env(env)
+    warning_lines: list[str] = []
+    if violations and not allow_nondeterministic:
+        raise DeterminismError(
+            "nondeterministic environment (unset these variables or set them to an accepted "
+            "value; allow_nondeterministic=True runs anyway):\n  " + "\n  ".join(violations)
+        )
+    if violations:
+        warning_lines = [f"allow_nondeterministic: running with {v}" for v in violations]
+        for line in warning_lines:
+            warnings.warn(line, RuntimeWarning, stacklevel=2)
+
+    set_by_default: dict[str, str] = {}
+    for name, value in DETERMINISM_ENV.items():
+        if name not in env:
+            env[name] = value
+            set_by_default[name] = value
+
+    applied: dict[str, Any] = {
+        "env": {name: env[name] for name in DETERMINISM_ENV},
+        "set_by_default": set_by_default,
+        "violations": violations,
+        "warnings": warning_lines,
+    }
+    if configure_torch:
+        # warn_only=False on CPU too: the ops the stack uses on CPU (matmul and its backward,
+        # index_add_, scatter_add_, index_put_ with accumulate, sort, cumsum, softmax/norm
+        # backward, fp8 casts, ...) all have deterministic CPU kernels in torch 2.13, checked
+        # one by one; a nondeterministic op should fail loudly here, not drift quietly.
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        applied["torch"] = {
+            "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cudnn.deterministic": torch.backends.cudnn.deterministic,
+            "cudnn.benchmark": torch.backends.cudnn.benchmark,
+            # With deterministic algorithms on, torch.empty fills new memory with NaN, so a read
+            # of uninitialised memory shows up as a NaN instead of as run-to-run noise.
+            "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
+            "num_threads": torch.get_num_threads(),
+        }
+    return applied

@@ -1,0 +1,610 @@
+"""Run a Python callable on N local ranks, one process per rank; or, under torchrun, in this process.
+
+Usage::
+
+    def work(ctx: RankContext, n: int) -> float:
+        t = torch.full((n,), float(ctx.rank))
+        dist.all_reduce(t)
+        return t.sum().item()
+
+    results = launch(work, LaunchConfig(world_size=4), 8)   # [result of rank 0, rank 1, ...]
+
+``fn`` and its arguments must be picklable (``fn`` defined at module top level): each rank is a fresh
+interpreter started with the ``spawn`` method, never ``fork`` (torch keeps threads that ``fork``
+does not copy). In every rank the determinism environment is applied *before*
+``init_process_group``, so communicators and cuBLAS see it.
+
+Failure handling. The parent watches every rank. The first rank that raises, exits non-zero, is
+killed, or exits without returning a result ends the run: the parent terminates the other ranks
+(SIGTERM, then SIGKILL after ``grace_s``), reaps them, and raises :class:`RankFailure` naming the
+failed rank, its exit code or signal and its exception text. A rank blocked in a collective whose
+peer died therefore never holds the run up. An overall watchdog (``deadline_s``) ends runs in which
+a rank hangs. Ranks kill themselves if the parent dies (``PR_SET_PDEATHSIG`` on Linux, plus a
+thread that polls the parent pid). A rank's exception travels to the parent as text; neither the
+rank nor the parent prints a traceback.
+
+The rendezvous store is a ``TCPStore`` served by the parent on a port the OS picks when it binds,
+so concurrent launches never race for a port.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing import connection
+from typing import Any
+
+import multiprocessing as mp
+
+import torch
+import torch.distributed as dist
+
+from parity.dist.determinism import apply_determinism
+
+__all__ = [
+    "FailedRank",
+    "LaunchConfig",
+    "RankContext",
+    "RankFailure",
+    "free_port",
+    "launch",
+    "under_torchrun",
+]
+
+_BACKENDS = ("gloo", "nccl")
+_DEVICES = ("cpu", "cuda")
+_START_METHODS = ("spawn", "forkserver")
+_TRACEBACK_LINES = 20  # lines of a rank's traceback kept in the RankFailure message
+
+
+@dataclass(kw_only=True)
+class LaunchConfig:
+    """How to run the ranks."""
+
+    world_size: int = 2
+    """Number of ranks. Under torchrun it must equal torchrun's WORLD_SIZE."""
+    backend: str = "gloo"
+    """"gloo" (CPU or CUDA tensors) or "nccl" (CUDA only, one GPU per rank)."""
+    device: str = "cpu"
+    """"cpu" or "cuda". With cuda each rank uses GPU ``local_rank`` (modulo the GPU count for gloo)."""
+    timeout_s: float = 120.0
+    """Timeout of each collective and of the rendezvous, in seconds."""
+    deadline_s: float | None = 1800.0
+    """Watchdog: the whole run (start-up included) must end within this many seconds; None: no limit."""
+    grace_s: float = 5.0
+    """Seconds between SIGTERM and SIGKILL when the launcher stops ranks."""
+    master_addr: str = "127.0.0.1"
+    """Address the rendezvous store listens on."""
+    master_port: int = 0
+    """Port of the rendezvous store; 0 lets the OS pick a free one."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment overrides for every rank, applied before the determinism defaults."""
+    allow_nondeterministic: bool = False
+    """Run even if the environment violates the determinism rules (they become warnings)."""
+    num_threads: int | None = 1
+    """torch.set_num_threads in every rank; None leaves torch's default."""
+    prefix_output: bool = True
+    """Prefix each line a rank prints from Python with ``[rank N]``."""
+    start_method: str = "spawn"
+    """"spawn": every rank is a fresh interpreter (imports torch itself: about 1.3 s of CPU per rank).
+    "forkserver": ranks are forked from a server process that imported torch once per parent
+    process; the first launch pays that import, later launches start in well under a second.
+    Never "fork": a forked torch process inherits locks held by threads it does not have."""
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str, value: Any) -> None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"LaunchConfig.{name} must be a positive integer, got {value!r}")
+
+        def positive_number(name: str, value: Any) -> None:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"LaunchConfig.{name} must be a positive number of seconds, got {value!r}")
+
+        positive_int("world_size", self.world_size)
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"LaunchConfig.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.device not in _DEVICES:
+            raise ValueError(f"LaunchConfig.device must be one of {_DEVICES}, got {self.device!r}")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ValueError("LaunchConfig: backend 'nccl' needs device 'cuda' (use 'gloo' for CPU ranks)")
+        positive_number("timeout_s", self.timeout_s)
+        if self.deadline_s is not None:
+            positive_number("deadline_s", self.deadline_s)
+        if not isinstance(self.grace_s, (int, float)) or isinstance(self.grace_s, bool) or self.grace_s < 0:
+            raise ValueError(f"LaunchConfig.grace_s must be >= 0 seconds, got {self.grace_s!r}")
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise ValueError(f"LaunchConfig.master_addr must be a non-empty string, got {self.master_addr!r}")
+        if not isinstance(self.master_port, int) or not 0 <= self.master_port <= 65535:
+            raise ValueError(f"LaunchConfig.master_port must be an int in 0..65535, got {self.master_port!r}")
+        bad_env = {k: v for k, v in self.env.items() if not (isinstance(k, str) and isinstance(v, str))}
+        if bad_env:
+            raise ValueError(f"LaunchConfig.env must map str to str, got {bad_env!r}")
+        if self.num_threads is not None:
+            positive_int("num_threads", self.num_threads)
+        if self.start_method not in _START_METHODS:
+            raise ValueError(
+                f"LaunchConfig.start_method must be one of {_START_METHODS}, got {self.start_method!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankContext:
+    """What ``fn`` gets as its first argument."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    launcher: str
+    """"spawn" (ranks started by :func:`launch`) or "torchrun"."""
+    determinism: dict[str, Any]
+    """What :func:`~parity.dist.determinism.apply_determinism` applied in this rank."""
+
+
+@dataclass(frozen=True)
+class FailedRank:
+    """One rank's failure, as the parent saw it."""
+
+    rank: int
+    reason: str
+    """One line: what happened."""
+    exitcode: int | None = None
+    """Process exit code; negative: killed by that signal; None: still running when stopped."""
+    error: str | None = None
+    """``ExceptionType: message`` when the rank raised."""
+    traceback: str | None = None
+    """The rank's full traceback text when it raised."""
+
+
+class RankFailure(RuntimeError):
+    """A rank failed, died, or missed the deadline; all other ranks were stopped."""
+
+    exit_code = 3
+
+    def __init__(self, failures: list[FailedRank], stopped: list[int], pids: dict[int, int]):
+        self.failures = failures
+        """Failed ranks, first observed first; ``failures[0]`` is the one that ended the run."""
+        self.stopped = stopped
+        """Ranks the launcher terminated because of the failure."""
+        self.pids = pids
+        """Process id of every rank that was started, by rank (all reaped by now)."""
+        super().__init__(self._message())
+
+    @property
+    def rank(self) -> int:
+        """The rank that ended the run."""
+        return self.failures[0].rank
+
+    def _message(self) -> str:
+        first = self.failures[0]
+        lines = [f"rank {first.rank} failed: {first.reason}"]
+        if first.traceback:
+            tb = first.traceback.rstrip().splitlines()
+            if len(tb) > _TRACEBACK_LINES:
+                tb = ["..."] + tb[-_TRACEBACK_LINES:]
+            lines += ["  " + line for line in tb]
+        for other in self.failures[1:]:
+            lines.append(f"also: rank {other.rank}: {other.reason}")
+        if self.stopped:
+            lines.append(f"stopped by the launcher: rank(s) {', '.join(map(str, self.stopped))}")
+        return "\n".join(lines)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (another process may take it before you bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    """True when this process is a rank started by torchrun (RANK and WORLD_SIZE are set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch(fn: Callable[..., Any], cfg: LaunchConfig | None, *args: Any) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on every rank and return the results in rank order.
+
+    Under torchrun (RANK and WORLD_SIZE set) this process is one rank: the process group is
+    initialised here (unless it already is), ``fn`` runs once, and ``[result]`` is returned.
+
+    Args:
+        fn: top-level function ``fn(ctx: RankContext, *args)``; its result must be picklable.
+        cfg: launch settings; None for the defaults.
+        *args: passed to ``fn`` in every rank; must be picklable.
+
+    Returns:
+        ``[result of rank 0, result of rank 1, ...]`` (one element under torchrun).
+
+    Raises:
+        DeterminismError: the environment violates the determinism rules (nothing was started).
+        RankFailure: a rank failed; every rank has been stopped.
+    """
+    cfg = LaunchConfig() if cfg is None else cfg
+    if under_torchrun():
+        return [_run_in_this_process(fn, cfg, args)]
+    return _spawn_and_monitor(fn, cfg, args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Torchrun: this process is one rank
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_in_this_process(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -> Any:
+    world_size = int(os.environ["WORLD_SIZE"])
+    if world_size != cfg.world_size:
+        raise ValueError(
+            f"launched by torchrun with WORLD_SIZE={world_size} but LaunchConfig.world_size={cfg.world_size}"
+        )
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    os.environ.update(cfg.env)
+    applied = apply_determinism(
+        os.environ, allow_nondeterministic=cfg.allow_nondeterministic, num_threads=cfg.num_threads
+    )
+    device = _rank_device(cfg, local_rank, local_world_size)
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(
+            cfg.backend, init_method="env://", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=cfg.timeout_s),
+        )
+    ctx = RankContext(
+        rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
+        device=device, backend=cfg.backend, launcher="torchrun", determinism=applied,
+    )
+    try:
+        return fn(ctx, *args)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def _rank_device(cfg: LaunchConfig, local_rank: int, local_world_size: int) -> torch.device:
+    """The device of a rank; for CUDA also makes it the current device."""
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise RuntimeError("LaunchConfig.device='cuda' but no CUDA device is visible")
+    if cfg.backend == "nccl" and count < local_world_size:
+        raise RuntimeError(
+            f"nccl needs one GPU per rank: {local_world_size} local ranks, {count} GPU(s) visible "
+            f"(NCCL refuses several ranks on one GPU; use backend='gloo' for that)"
+        )
+    device = torch.device("cuda", local_rank % count)
+    torch.cuda.set_device(device)
+    return device
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawned ranks: child side
+# ---------------------------------------------------------------------------------------------
+
+
+class _PrefixedStream:
+    """Writes whole lines to ``stream``, each prefixed; a partial line waits for its newline."""
+
+    def __init__(self, stream: Any, prefix: str):
+        self._stream = stream
+        self._prefix = prefix
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._partial += text
+            if "\n" in self._partial:
+                *lines, self._partial = self._partial.split("\n")
+                # One write per batch of lines, so lines of different ranks do not interleave.
+                self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
+                self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close_partial(self) -> None:
+        """Write out a trailing line that never got its newline."""
+        with self._lock:
+            if self._partial:
+                self._stream.write(f"{self._prefix}{self._partial}\n")
+                self._partial = ""
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this process exit when its parent dies.
+
+    The parent is the launching process for "spawn", the fork server for "forkserver" (which
+    itself exits when the launching process goes).
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the polling thread below still covers it
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=watch, name="parity-parent-watch", daemon=True).start()
+
+
+def _exit(code: int) -> None:
+    """Flush Python's streams and leave without interpreter teardown.
+
+    Teardown can block: c10d's background threads, and destructors of communicators whose peers
+    are gone. Whatever the rank had to say has already been sent through the pipe.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if isinstance(stream, _PrefixedStream):
+                stream.close_partial()
+            else:
+                stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    cfg: LaunchConfig,
+    payload: bytes,
+    conn: connection.Connection,
+    parent_pid: int | None,
+    store_port: int,
+) -> None:
+    """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
+    _die_with_parent(os.getppid() if parent_pid is None else parent_pid)
+    if cfg.prefix_output:
+        sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
+        sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")
+    try:
+        os.environ.update(cfg.env)
+        os.environ.update(
+            MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(store_port), RANK=str(rank),
+            WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+        )
+        # Before any communicator or CUDA context exists.
+        applied = apply_determinism(
+            os.environ, allow_nondeterministic=cfg.allow_nondeterministic, num_threads=cfg.num_threads
+        )
+        fn, args = pickle.loads(payload)
+        device = _rank_device(cfg, rank, world_size)
+        timeout = timedelta(seconds=cfg.timeout_s)
+        store = dist.TCPStore(cfg.master_addr, store_port, is_master=False, timeout=timeout)
+        dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        conn.send_bytes(pickle.dumps(("ready", None)))
+        ctx = RankContext(
+            rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+            device=device, backend=cfg.backend, launcher="spawn", determinism=applied,
+        )
+        result = fn(ctx, *args)
+        try:
+            message = pickle.dumps(("ok", result))
+        except Exception as exc:
+            raise TypeError(f"the result of fn is not picklable: {type(exc).__name__}: {exc}") from None
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: report, then leave
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        try:
+            conn.send_bytes(pickle.dumps(("error", (summary, traceback.format_exc()))))
+        except Exception:
+            pass  # parent gone or pipe broken: the exit code still tells
+        _exit(1)
+    try:
+        conn.send_bytes(message)
+    except Exception:
+        _exit(1)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass  # the result is delivered; a teardown error must not turn it into a failure
+    _exit(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawned ranks: parent side
+# ---------------------------------------------------------------------------------------------
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class _Monitor:
+    """Parent-side bookkeeping for one launch."""
+
+    def __init__(self, world_size: int):
+        self.procs: dict[int, Any] = {}
+        self.conns: dict[int, connection.Connection] = {}
+        self.ready: set[int] = set()
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, tuple[str, str]] = {}
+        self.finished: set[int] = set()  # exited 0 after delivering a result
+        self.failures: list[FailedRank] = []
+        self.world_size = world_size
+
+    def pending(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.finished and r not in self.failed_ranks()]
+
+    def failed_ranks(self) -> set[int]:
+        return {f.rank for f in self.failures}
+
+    def drain(self, rank: int) -> None:
+        """Read every message rank ``rank`` has sent so far."""
+        conn = self.conns.get(rank)
+        if conn is None:
+            return
+        try:
+            while conn.poll():
+                kind, value = pickle.loads(conn.recv_bytes())
+                if kind == "ready":
+                    self.ready.add(rank)
+                elif kind == "ok":
+                    self.results[rank] = value
+                elif kind == "error":
+                    self.errors[rank] = value
+                    self.fail(rank, exitcode=None)
+        except (EOFError, OSError):
+            conn.close()
+            del self.conns[rank]
+
+    def fail(self, rank: int, exitcode: int | None, reason: str | None = None) -> None:
+        if rank in self.failed_ranks():
+            return
+        error, tb = self.errors.get(rank, (None, None))
+        if reason is None:
+            reason = f"raised {error}" if error else _describe_exit(exitcode)
+        self.failures.append(FailedRank(rank=rank, reason=reason, exitcode=exitcode, error=error, traceback=tb))
+
+    def on_exit(self, rank: int) -> None:
+        """Rank ``rank``'s process has ended."""
+        proc = self.procs[rank]
+        proc.join()
+        self.drain(rank)
+        code = proc.exitcode
+        if rank in self.errors:
+            self.failures = [
+                FailedRank(rank=f.rank, reason=f.reason, exitcode=code, error=f.error, traceback=f.traceback)
+                if f.rank == rank else f
+                for f in self.failures
+            ]
+        elif code == 0 and rank in self.results:
+            self.finished.add(rank)
+        elif code == 0:
+            self.fail(rank, code, "exited with code 0 without returning a result")
+        else:
+            where = "" if rank in self.ready else " during start-up (before init_process_group returned)"
+            self.fail(rank, code, _describe_exit(code) + where)
+
+
+def _stop(procs: dict[int, Any], grace_s: float) -> list[int]:
+    """SIGTERM every live rank, SIGKILL those still alive after ``grace_s``, reap all."""
+    alive = {r: p for r, p in procs.items() if p.is_alive()}
+    for p in alive.values():
+        try:
+            p.terminate()
+        except Exception:
+            pass
+    end = time.monotonic() + grace_s
+    waiting = [p for p in alive.values() if p.exitcode is None]
+    while waiting and time.monotonic() < end:
+        connection.wait([p.sentinel for p in waiting], timeout=max(0.0, end - time.monotonic()))
+        waiting = [p for p in waiting if p.exitcode is None]
+    for p in waiting:
+        try:
+            p.kill()
+        except Exception:
+            pass
+    for p in procs.values():
+        if p.pid is not None:
+            p.join()
+    return sorted(alive)
+
+
+def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -> list[Any]:
+    if not cfg.allow_nondeterministic:
+        # Fail before starting anything (each rank would raise the same DeterminismError);
+        # checked on a copy, the parent's environment is left alone.
+        apply_determinism({**os.environ, **cfg.env}, configure_torch=False)
+    try:
+        payload = pickle.dumps((fn, args))
+    except Exception as exc:
+        raise TypeError(
+            f"launch: fn and args must be picklable (define fn at module top level): {type(exc).__name__}: {exc}"
+        ) from None
+
+    timeout = timedelta(seconds=cfg.timeout_s)
+    # The parent serves the rendezvous store: binding port 0 lets the OS pick a free port with no
+    # window in which another process could take it, and the store outlives any rank.
+    store = dist.TCPStore(cfg.master_addr, cfg.master_port, is_master=True, timeout=timeout, wait_for_workers=False)
+    ctx = mp.get_context(cfg.start_method)
+    if cfg.start_method == "forkserver":
+        # Imported once, in the server: torch, and torch._inductor.config, which
+        # torch.use_deterministic_algorithms imports (about 1 s of CPU per rank otherwise).
+        ctx.set_forkserver_preload(["parity.dist.launch", "torch._inductor.config"])
+    mon = _Monitor(cfg.world_size)
+    deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
+    # The process a rank must outlive: this one, or the fork server (found by the rank itself).
+    parent_pid = os.getpid() if cfg.start_method == "spawn" else None
+    stopped: list[int] = []
+    try:
+        for rank in range(cfg.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port),
+                name=f"parity-rank-{rank}",
+            )
+            proc.start()
+            child_end.close()  # the parent keeps only its reading end; EOF then means the rank is gone
+            mon.procs[rank], mon.conns[rank] = proc, parent_end
+
+        while mon.pending() and not mon.failures:
+            wait_s = None if deadline is None else deadline - time.monotonic()
+            if wait_s is not None and wait_s <= 0:
+                for rank in mon.pending():
+                    phase = "running fn" if rank in mon.ready else "starting up"
+                    mon.fail(rank, None, f"did not finish within deadline_s={cfg.deadline_s} s (hung while {phase})")
+                break
+            waitables: dict[Any, tuple[str, int]] = {}
+            for rank in mon.pending():
+                waitables[mon.procs[rank].sentinel] = ("exit", rank)
+                if rank in mon.conns:
+                    waitables[mon.conns[rank]] = ("msg", rank)
+            for obj in connection.wait(list(waitables), timeout=wait_s):
+                kind, rank = waitables[obj]
+                if kind == "msg":
+                    mon.drain(rank)
+            # Exits after messages, so a rank's last words are read before its exit is judged.
+            for obj, (kind, rank) in waitables.items():
+                if kind == "exit" and mon.procs[rank].exitcode is not None and rank in mon.pending():
+                    mon.on_exit(rank)
+    finally:
+        failed_first = [f.rank for f in mon.failures]
+        stopped = [r for r in _stop(mon.procs, cfg.grace_s) if r not in failed_first]
+        for rank in list(mon.conns):
+            mon.drain(rank)  # errors the stopped ranks reported before they went (listed as "also")
+        for conn in mon.conns.values():
+            conn.close()
+        del store
+
+    if mon.failures:
+        pids = {rank: proc.pid for rank, proc in mon.procs.items()}
+        stopped = [r for r in stopped if r not in mon.failed_ranks()]
+        raise RankFailure(mon.failures, stopped, pids)
+    return [mon.results[rank] for rank in range(cfg.world_size)]

@@ -1,0 +1,99 @@
+"""Fault injection: named stack faults (each reverts one fix) and harness-level injections.
+
+``--inject`` accepts:
+- ``ulp:STEP:PHASE:PARAM``: after PHASE of STEP, move one element of the live tensor of the stack
+  under test by one ULP (PARAM as reports name it; ``*``: the first Muon-managed matrix).
+- ``crash:RANK:STEP`` / ``hang:RANK:STEP``: that rank dies / stops answering at that step.
+- a catalogue name (see CATALOGUE): the stack under test runs with that fix reverted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parity.harness.errors import UsageError
+
+# name -> (what the fault reverts, megatron.md s5 item)
+CATALOGUE = {
+    "split-grad-buffers": ("FP8 Muon grads keyed uint8: two all-reduce buffers where OFF has one", 1),
+    "numel-only-ownership": ("ownership sorted by numel only; ties broken by rank-local insertion order", 2),
+    "vacuous-param-compare": ("every param classified as quantized, so the param compare sees {} vs {}", 3),
+    "zeros-vs-zeros": ("grad-buffer check compares zeros with zeros instead of stating the post-condition", 4),
+    "sample-before-deferred-gather": ("params sampled right after step() while the gather is still deferred", 5),
+    "no-rearm-after-force-sync": ("forced sync leaves param_gather_dispatched set; pre-hooks become no-ops", 5),
+    "force-sync-stale": ("force_sync returns without finalizing a pending LayerWise gather", 6),
+    "rank0-empty-slot": ("gather helper reads dtype/device from rank 0's (possibly empty) list", 7),
+    "fp32-via-bf16": ("native fp32 Muon params gathered through the bf16-staged path", 8),
+    "mixed-bucket-head": ("bucket staging decided by its first param instead of any param", 9),
+    "master-from-fp8-dequant": ("fp32 master seeded from the FP8 dequantization, not the init value", 10),
+    "keep-nonowned-init-copy": ("non-owned params keep their high-precision init copy", 11),
+    "fp32-master-direct-to-fp8": ("FP8 param written as Q(fp32 master) instead of Q(bf16(master))", 13),
+    "merge-allreduce-and-reduce-scatter-buckets": ("all-reduce and reduce-scatter buckets merged in one group", 14),
+    "gather-payload-not-zeroed": ("grad buffer keeps the gather payload after the copy-back", 16),
+    "staging-not-persisted": ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
+    "routing-predicate-mismatch": ("a 2-D param excluded from Muon still lands in a LayerWise buffer", 21),
+}
+PENDING = {
+    "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
+}
+# Faults in the harness rather than the stack.
+HARNESS_FAULTS = {"vacuous-param-compare", "zeros-vs-zeros"}
+
+
+@dataclass(frozen=True)
+class Injection:
+    kind: str  # "ulp" | "crash" | "hang" | "fault"
+    step: int = -1
+    phase: str = ""
+    param: str = ""
+    rank: int = -1
+    name: str = ""
+
+    def __str__(self):
+        if self.kind == "ulp":
+            return f"ulp:{self.step}:{self.phase}:{self.param}"
+        if self.kind in ("crash", "hang"):
+            return f"{self.kind}:{self.rank}:{self.step}"
+        return self.name
+
+
+def parse_injection(spec: str) -> Injection:
+    from parity.optim.stack import PHASES
+
+    parts = spec.split(":")
+    try:
+        if parts[0] == "ulp":
+            if len(parts) != 4:
+                raise ValueError
+            _, step, phase, param = parts
+            if phase not in PHASES:
+                raise UsageError(f"--inject {spec}: unknown phase {phase!r}; allowed: {', '.join(PHASES)}")
+            return Injection("ulp", step=int(step), phase=phase, param=param)
+        if parts[0] in ("crash", "hang"):
+            if len(parts) != 3:
+                raise ValueError
+            return Injection(parts[0], rank=int(parts[1]), step=int(parts[2]))
+    except ValueError:
+        raise UsageError(f"--inject {spec!r}: expected ulp:STEP:PHASE:PARAM, crash:RANK:STEP or "
+                         f"hang:RANK:STEP") from None
+    if spec in CATALOGUE:
+        return Injection("fault", name=spec)
+    if spec in PENDING:
+        raise UsageError(f"--inject {spec}: not implemented yet ({PENDING[spec][0]})")
+    raise UsageError(f"--inject {spec!r}: unknown fault; known: ulp:..., crash:..., hang:..., "
+                     + ", ".join(sorted(CATALOGUE)))
+
+
+def bump_one_ulp(t: torch.Tensor, index: int = 0) -> None:
+    """Move element ``index`` of ``t`` (in place) to the next representable value away from zero."""
+    flat = t.view(-1)
+    if t.dtype == torch.uint8:  # raw fp8 bytes: the next code is one ULP (skip NaN 0x7F/0xFF)
+        v = int(flat[index])
+        flat[index] = v + 1 if (v & 0x7F) < 0x7E else v - 1
+        return
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+            torch.float64: torch.int64}
+    iv = flat.view(ints[t.dtype])
+    iv[index] += 1

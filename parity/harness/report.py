@@ -1,0 +1,132 @@
+"""Merging per-rank results into a scenario verdict, and writing report.json / summary.md / JUnit."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+
+from parity.optim.stack import PHASES
+
+PHASE_ORDER = {p: i for i, p in enumerate(("init",) + PHASES)}
+
+
+def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
+    """One scenario's entry of report.json."""
+    divs = [d for r in results for d in r["divergences"]]
+    checks = [c for r in results for c in r["checks"]]
+    failed_checks = [c for c in checks if not c["ok"]]
+    compared = sum(r["compared"] for r in results)
+    by_phase: dict = {}
+    for r in results:
+        for ph, n in r["compared_by_phase"].items():
+            by_phase[ph] = by_phase.get(ph, 0) + n
+    first = None
+    if divs:
+        d = min(divs, key=lambda d: (d["step"], PHASE_ORDER.get(d["phase"], 99), d["rank"]))
+        tensor = d["path"].split("/", 2)[2].rsplit("/rank", 1)[0]
+        first = {"step": d["step"], "phase": d["phase"], "tensor": tensor, "rank": d["rank"],
+                 "max_ulp": d.get("max_ulp"), "n_diff": d.get("n_diff")}
+    missing_phases = [ph for ph in PHASES if by_phase.get(ph, 0) == 0
+                      and not (ph == "grad_local" and scenario.overlap)]
+    status = "pass" if not divs and not failed_checks and not missing_phases else "fail"
+    steps = results[0]["steps"] if results else []
+    return {
+        "name": scenario.name,
+        "status": status,
+        "steps": len(steps),
+        "compared": compared,
+        "compared_by_phase": by_phase,
+        "missing_phases": missing_phases,
+        "first_divergence": first,
+        "n_divergences": len(divs),
+        "failed_checks": failed_checks[:20],
+        "n_failed_checks": len(failed_checks),
+        "messages": [m for r in results for m in r["messages"]][:30],
+        "loss": [{"step": s["step"], "bits": s.get("loss_bits"), "repr": s.get("loss")} for s in steps],
+        "buffers": results[0]["buffers"] if results else [],
+        "persistent_bytes": results[0]["persistent_bytes"] if results else {},
+        "snapshots": [p for r in results for p in r.get("snapshots", [])],
+        "golden": "off",
+        "elapsed_s": round(elapsed_s, 2),
+        "scenario": scenario.to_dict(),
+        "divergence_table": _div_table(divs),
+    }
+
+
+def _div_table(divs) -> list[dict]:
+    keep = ("step", "phase", "rank", "path", "n_diff", "numel", "max_ulp", "ulp_hist")
+    return [{k: d.get(k) for k in keep} for d in sorted(
+        divs, key=lambda d: (d["step"], PHASE_ORDER.get(d["phase"], 99), d["rank"], d["path"]))][:5000]
+
+
+def error_entry(scenario, message: str, elapsed_s: float, failure: dict | None = None) -> dict:
+    return {"name": scenario.name, "status": "error", "steps": 0, "compared": 0,
+            "first_divergence": None, "golden": "off", "error": message, "failure": failure or {},
+            "elapsed_s": round(elapsed_s, 2), "scenario": scenario.to_dict()}
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_reports(out_dir: str, entries: list[dict], meta: dict, junit: str | None = None) -> None:
+    report = {"parity_version": meta.get("version"), "platform": meta.get("platform"),
+              "argv": meta.get("argv"), "scenarios": entries,
+              "status": overall_status(entries)}
+    atomic_write_text(os.path.join(out_dir, "report.json"), json.dumps(report, indent=1, default=str))
+    atomic_write_text(os.path.join(out_dir, "summary.md"), summary_md(entries))
+    if junit:
+        atomic_write_text(junit, junit_xml(entries))
+
+
+def overall_status(entries) -> str:
+    if any(e["status"] == "error" for e in entries):
+        return "error"
+    if any(e["status"] == "fail" or e.get("golden") == "fail" for e in entries):
+        return "fail"
+    return "pass"
+
+
+def summary_md(entries) -> str:
+    lines = ["# parity", "", "| scenario | status | steps | compared | golden | first divergence |",
+             "|---|---|---|---|---|---|"]
+    for e in entries:
+        fd = e.get("first_divergence")
+        fds = (f"step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} "
+               f"(max {fd['max_ulp']} ULP, {fd['n_diff']} elements)") if fd else "-"
+        if e["status"] == "error":
+            fds = e.get("error", "")
+        elif not fd and e.get("n_failed_checks"):
+            fds = e["failed_checks"][0]["message"]
+        lines.append(f"| {e['name']} | {e['status']} | {e['steps']} | {e['compared']} | "
+                     f"{e.get('golden', 'off')} | {fds} |")
+    return "\n".join(lines) + "\n"
+
+
+def junit_xml(entries) -> str:
+    suite = ET.Element("testsuite", name="parity", tests=str(len(entries)),
+                       failures=str(sum(e["status"] == "fail" for e in entries)),
+                       errors=str(sum(e["status"] == "error" for e in entries)))
+    for e in entries:
+        case = ET.SubElement(suite, "testcase", classname="parity", name=e["name"],
+                             time=str(e.get("elapsed_s", 0)))
+        if e["status"] == "fail" or e.get("golden") == "fail":
+            fd = e.get("first_divergence")
+            ET.SubElement(case, "failure", message=json.dumps(fd) if fd else "check failed").text = \
+                "\n".join(e.get("messages", []) + [c["message"] for c in e.get("failed_checks", [])])
+        elif e["status"] == "error":
+            ET.SubElement(case, "error", message=e.get("error", ""))
+    return ET.tostring(suite, encoding="unicode")

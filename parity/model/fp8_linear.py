@@ -1,0 +1,128 @@
+"""FP8 linear layer and the FP8 parameter type.
+
+A weight is either a plain bf16 ``nn.Parameter`` (fp8 param gather OFF: quantized on the fly in
+every forward, as TE does for a bf16 weight) or a :class:`QuantizedParameter` (ON: the persisted
+``Q(bf16(master))`` is the only copy of the weight). Both feed the same GEMMs, so ON and OFF can be
+bit-identical exactly when ON's persisted bytes equal OFF's on-the-fly quantization.
+
+Gradients: the wgrad GEMM accumulates straight into ``weight.main_grad`` (TE's gradient
+accumulation fusion), for ON and OFF alike, and then calls ``weight.grad_ready_hook`` installed by
+the DDP wrapper. A storage-less FP8 parameter has nowhere else to put a gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from parity.fp8 import QuantizedTensor, fp8_gemm, quantize
+
+# Per recipe: (block for activations and grads, block for weights). TE's Float8BlockScaling uses
+# 1x128 tiles for x and dy and 128x128 for weights; MXFP8 uses 1x32 everywhere.
+RECIPE_BLOCKS = {"blockwise": ("1x128", "128x128"), "mxfp8": ("1x32", "1x32")}
+
+
+def quantize_weight(w: torch.Tensor, recipe: str) -> QuantizedTensor:
+    """The weight quantizer shared by ON (persist) and OFF (on the fly): both usages."""
+    return quantize(w, recipe, block=RECIPE_BLOCKS[recipe][1], rowwise=True, columnwise=True)
+
+
+class QuantizedParameter(nn.Parameter):
+    """An FP8 parameter: a storage-less (meta) Parameter of the logical shape and dtype.
+
+    ``.qt`` holds the persisted :class:`QuantizedTensor`; ``.hp_init`` the high-precision init value
+    (on CPU) until the optimizer seeds the fp32 master from it, like TE's
+    ``quantized_model_init(preserve_high_precision_init_val=True)``.
+    """
+
+    def __new__(cls, qt: QuantizedTensor, hp_init: torch.Tensor | None = None):
+        data = torch.empty(qt.shape, dtype=qt.dtype, device="meta")
+        p = torch.Tensor._make_subclass(cls, data, True)
+        p.qt = qt
+        p.hp_init = None if hp_init is None else hp_init.detach().to("cpu", copy=True)
+        return p
+
+    def __repr__(self):
+        return f"QuantizedParameter({self.qt.recipe}/{self.qt.block}, shape={tuple(self.shape)})"
+
+    def __deepcopy__(self, memo):
+        raise TypeError("QuantizedParameter cannot be deep-copied; build a new model instead")
+
+    def get_high_precision_init_val(self) -> torch.Tensor | None:
+        return self.hp_init
+
+    def clear_high_precision_init_val(self) -> None:
+        self.hp_init = None
+
+
+def is_quantized_param(p) -> bool:
+    """True for persisted FP8 params. A type check: every tensor has ``dequantize``."""
+    return isinstance(p, QuantizedParameter)
+
+
+def accumulate_main_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
+    main_grad = getattr(param, "main_grad", None)
+    if main_grad is None:
+        raise RuntimeError("parameter has no main_grad: wrap the model in the DDP wrapper first")
+    main_grad.add_(grad)
+    hook = getattr(param, "grad_ready_hook", None)
+    if hook is not None:
+        hook(param)
+
+
+class _FP8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layer):
+        recipe = layer.recipe
+        act_block = RECIPE_BLOCKS[recipe][0]
+        x2 = x.reshape(-1, x.shape[-1])
+        qw = layer.fp8_weight()
+        ctx.layer, ctx.x_shape, ctx.qw = layer, x.shape, qw
+        if x2.shape[0] == 0:  # an expert that got no tokens still reports a (zero) gradient
+            ctx.qx = None
+            return x.new_empty(*x.shape[:-1], layer.out_features)
+        qx = quantize(x2, recipe, block=act_block, rowwise=True, columnwise=True)
+        ctx.qx = qx
+        y = fp8_gemm(qx.gemm_operand("rowwise"), qw.gemm_operand("rowwise"), out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], layer.out_features)
+
+    @staticmethod
+    def backward(ctx, dy):
+        layer, qw, qx = ctx.layer, ctx.qw, ctx.qx
+        w = layer.weight
+        if qx is None:
+            accumulate_main_grad(w, torch.zeros(w.shape, dtype=torch.float32, device=dy.device))
+            return dy.new_zeros(ctx.x_shape), None
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        qdy = quantize(dy2, layer.recipe, block=RECIPE_BLOCKS[layer.recipe][0],
+                       rowwise=True, columnwise=True)
+        dx = fp8_gemm(qdy.gemm_operand("rowwise"), qw.gemm_operand("columnwise"), out_dtype=dy.dtype)
+        dw = fp8_gemm(qdy.gemm_operand("columnwise"), qx.gemm_operand("columnwise"),
+                      out_dtype=torch.float32)
+        accumulate_main_grad(w, dw)
+        return dx.reshape(ctx.x_shape), None
+
+
+class FP8Linear(nn.Module):
+    """y = x W^T with FP8 GEMMs in forward and backward (no bias)."""
+
+    def __init__(self, in_features: int, out_features: int, recipe: str, init: torch.Tensor,
+                 fp8_param: bool):
+        super().__init__()
+        if recipe not in RECIPE_BLOCKS:
+            raise ValueError(f"unknown recipe {recipe!r}; allowed: {sorted(RECIPE_BLOCKS)}")
+        self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
+        hp = init.to(torch.bfloat16)
+        if fp8_param:
+            self.weight = QuantizedParameter(quantize_weight(hp, recipe), hp_init=hp)
+        else:
+            self.weight = nn.Parameter(hp)
+
+    def fp8_weight(self) -> QuantizedTensor:
+        """The quantized weight the next forward will use (OFF: quantized now, on the fly)."""
+        if is_quantized_param(self.weight):
+            return self.weight.qt
+        return quantize_weight(self.weight.detach(), self.recipe)
+
+    def forward(self, x):
+        return _FP8LinearFn.apply(x, self)

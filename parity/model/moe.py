@@ -1,0 +1,100 @@
+"""Mixture of experts with expert parallelism (all-to-all token dispatch over the EP group)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class _AllToAll(torch.autograd.Function):
+    """Variable-size all-to-all of rows; its gradient is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x, send_counts, recv_counts, group):
+        ctx.send_counts, ctx.recv_counts, ctx.group = send_counts, recv_counts, group
+        return _exchange(x, send_counts, recv_counts, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _exchange(dy.contiguous(), ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
+
+
+def _exchange(x, send_counts, recv_counts, group):
+    if group is None:
+        return x.clone()
+    out = x.new_empty(sum(recv_counts), *x.shape[1:])
+    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=group)
+    return out
+
+
+def _exchange_counts(counts: list[int], group, device) -> list[int]:
+    if group is None:
+        return list(counts)
+    send = torch.tensor(counts, dtype=torch.int64, device=device)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.tolist()
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, fc1: nn.Module, fc2: nn.Module):
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x):
+        gate, up = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2((F.silu(gate.float()) * up.float()).to(x.dtype))
+
+
+class MoE(nn.Module):
+    """Top-k router (a bf16 matrix: Muon-managed, never quantized) over experts spread on EP ranks.
+
+    ``experts`` holds only this rank's experts, keyed by their global index, so parameter names
+    and init values do not depend on the EP size.
+    """
+
+    def __init__(self, router_init: torch.Tensor, experts: dict[int, nn.Module], num_experts: int,
+                 topk: int, ep_size: int, ep_rank: int, ep_group):
+        super().__init__()
+        self.router = nn.Linear(router_init.shape[1], router_init.shape[0], bias=False)
+        self.router.weight = nn.Parameter(router_init.to(torch.bfloat16))
+        self.experts = nn.ModuleDict({str(e): m for e, m in experts.items()})
+        self.num_experts, self.topk = num_experts, topk
+        self.ep_size, self.ep_rank = ep_size, ep_rank
+        self.ep_group = ep_group if ep_size > 1 else None
+        self.per_rank = num_experts // ep_size
+
+    def forward(self, h):
+        shape = h.shape
+        h = h.reshape(-1, shape[-1])
+        T, k = h.shape[0], self.topk
+        probs = torch.softmax(self.router(h).float(), dim=-1)
+        weights, chosen = torch.topk(probs, k, dim=-1)
+
+        # Assignments (token, slot) sorted by expert; ties keep token order (keys are unique).
+        expert_of = chosen.reshape(-1)
+        order = torch.argsort(expert_of * (T * k) + torch.arange(T * k, device=h.device))
+        tokens = torch.div(order, k, rounding_mode="floor")
+        sorted_experts = expert_of[order]
+        dest = torch.div(sorted_experts, self.per_rank, rounding_mode="floor")
+        send_counts = torch.bincount(dest, minlength=self.ep_size).tolist()
+        recv_counts = _exchange_counts(send_counts, self.ep_group, h.device)
+
+        x = _AllToAll.apply(h[tokens], send_counts, recv_counts, self.ep_group)
+        ids = _exchange(sorted_experts.unsqueeze(1), send_counts, recv_counts, self.ep_group).squeeze(1)
+
+        # Each local expert sees its rows in (source rank, token) order: deterministic on every rank.
+        pieces, where = [], []
+        for e in range(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank):
+            rows = torch.nonzero(ids == e).squeeze(1)
+            pieces.append(self.experts[str(e)](x[rows]))
+            where.append(rows)
+        y = torch.cat(pieces)[torch.argsort(torch.cat(where))]
+
+        y = _AllToAll.apply(y, recv_counts, send_counts, self.ep_group)
+        per_slot = torch.empty_like(y)
+        per_slot = per_slot.index_copy(0, order, y).reshape(T, k, -1)
+        out = (per_slot.float() * weights.unsqueeze(-1)).sum(dim=1)
+        return out.to(h.dtype).reshape(shape)

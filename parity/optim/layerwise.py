@@ -1,0 +1,164 @@
+"""LayerWise optimizer: whole-matrix ownership, Muon on owned masters, whole-param gather
+(megatron.md s2.6-2.11)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.distributed as dist
+
+from parity.ddp import param_sync
+from parity.model import is_expert_param, is_quantized_param
+from parity.optim.mixed_precision import copy_master_to_param, is_native_fp32, make_master
+from parity.optim.muon import Muon
+
+
+def ping_pong(n: int, size: int) -> list[int]:
+    """Owners 0,1,..,D-1,D-1,..,1,0,0,1,..: count-balanced whole-matrix ownership."""
+    seq = list(range(size)) + list(range(size - 1, -1, -1))
+    return [seq[i % len(seq)] for i in range(n)]
+
+
+class LayerWiseOptimizer:
+    def __init__(self, ddp, *, dp_group, expt_dp_group, muon_kwargs: dict, device, faults=frozenset()):
+        self.ddp, self.faults, self.device = ddp, frozenset(faults), device
+        self.dp_group, self.expt_dp_group = dp_group, expt_dp_group
+        self.dp, self.expt_dp = dist.get_world_size(dp_group), dist.get_world_size(expt_dp_group)
+        self.dp_rank, self.expt_dp_rank = dist.get_rank(dp_group), dist.get_rank(expt_dp_group)
+        self.names = ddp.names
+        self.padded = ddp.config.layout == "padded"
+        bufs = ddp.buffers + ddp.expert_buffers
+        # Canonical identity from construction: (chunk, buffer index, global start).
+        self.identity = {}
+        for bi, buf in enumerate(bufs):
+            for p in buf.params:
+                self.identity[p] = (0, bi, buf.layout.index[p][0])
+        self.lw_buffers = [b for b in bufs if b.key.is_layer_wise]
+        params = [p for b in self.lw_buffers for p in b.params]
+        dense = [p for p in params if not is_expert_param(p)]
+        expert = [p for p in params if is_expert_param(p)]
+        self.dense_lists = self._assign(dense, self.dp)
+        self.expert_lists = self._assign(expert, self.expt_dp)
+        self.owned = self.dense_lists[self.dp_rank] + self.expert_lists[self.expt_dp_rank]
+        self.gathered = set()
+        for lists, size in ((self.dense_lists, self.dp), (self.expert_lists, self.expt_dp)):
+            if size > 1:
+                self.gathered.update(id(p) for lst in lists for p in lst)
+        self.use_fp8_param_sync = any(is_quantized_param(p) for p in params)
+        owned_ids = {id(p) for p in self.owned}
+        self.masters = {}
+        for p in self.owned:
+            if is_native_fp32(p):
+                self.masters[p] = p  # its own master
+            else:
+                m = make_master(p, device, self.faults)
+                p.main_param = m
+                self.masters[p] = m
+        # Non-owned params drop their high-precision init copy too; only owners consume it.
+        if "keep-nonowned-init-copy" not in self.faults:
+            for p in params:
+                if id(p) not in owned_ids and is_quantized_param(p):
+                    p.clear_high_precision_init_val()
+        masters = list(self.masters.values())
+        self.muon = Muon(masters, **muon_kwargs) if masters else None
+        if ddp.config.overlap_param_gather and not self.padded:
+            self._set_bucket_lists()
+
+    # -- ownership -------------------------------------------------------------------------
+    def _assign(self, params, size) -> list[list]:
+        if self.padded:
+            lists = [[] for _ in range(size)]
+            for buf in self.lw_buffers:
+                for p in buf.params:
+                    if any(p is q for q in params):
+                        lists[buf.layout.shard_owner[p]].append(p)
+            return lists
+        if "numel-only-ownership" in self.faults:
+            # A stable sort on numel alone ties by local insertion order, which differs per rank.
+            local = list(params)
+            random.Random(dist.get_rank()).shuffle(local)
+            order = sorted(local, key=lambda p: p.numel())
+        else:
+            order = sorted(params, key=lambda p: (p.numel(),) + self.identity[p])
+        lists = [[] for _ in range(size)]
+        for p, r in zip(order, ping_pong(len(order), size)):
+            lists[r].append(p)
+        return lists
+
+    def ownership_table(self) -> list[tuple[str, int]]:
+        rows = []
+        for lists in (self.dense_lists, self.expert_lists):
+            for r, lst in enumerate(lists):
+                rows += [(self.names[p], r) for p in lst]
+        return sorted(rows)
+
+    def _set_bucket_lists(self):
+        for buf in self.lw_buffers:
+            lists = self.expert_lists if buf.key.is_expert else self.dense_lists
+            for b in buf.buckets:
+                members = {id(p) for p in b.params}
+                b.layerwise_lists = [[p for p in lst if id(p) in members] for lst in lists]
+
+    # -- step ------------------------------------------------------------------------------
+    def step(self):
+        for p, m in self.masters.items():
+            m.grad = p.main_grad
+        if self.muon is not None:
+            self.muon.step()
+        for p, m in self.masters.items():
+            m.grad = None
+            if m is p:
+                continue
+            if is_quantized_param(p) and id(p) in self.gathered:
+                continue  # the gather's requantize writes it
+            copy_master_to_param(p, m, self.faults)
+        if self.padded:
+            self._gather_padded()
+        elif not self.ddp.config.overlap_param_gather:
+            self.allgather_params()
+
+    def allgather_params(self):
+        for lists, group, size, my in ((self.dense_lists, self.dp_group, self.dp, self.dp_rank),
+                                       (self.expert_lists, self.expt_dp_group, self.expt_dp, self.expt_dp_rank)):
+            if size == 1 or not any(lists):
+                continue
+            if "fp32-via-bf16" in self.faults:
+                staged, native = lists, [[] for _ in lists]
+            else:
+                staged = [[p for p in lst if not is_native_fp32(p)] for lst in lists]
+                native = [[p for p in lst if is_native_fp32(p)] for lst in lists]
+            for part, fp8 in ((staged, self.use_fp8_param_sync), (native, False)):
+                if not any(part):
+                    continue
+                if "rank0-empty-slot" in self.faults:
+                    dtype = part[0][0].dtype  # the head of rank 0's list: IndexError when empty
+                else:
+                    dtype = next(lst[0] for lst in part if lst).dtype
+                if fp8:
+                    dtype = torch.bfloat16
+                flat, sizes = param_sync.gather_lists(part, group, my, None, fp8, dtype, self.device,
+                                                      self.faults)
+                if flat is not None:
+                    param_sync.copy_back_all(part, flat, sizes, fp8, my)
+
+    def _gather_padded(self):
+        for buf in self.lw_buffers:
+            if buf.dp == 1:
+                continue
+            r = dist.get_rank(buf.group)
+            for b in buf.buckets:
+                shard = b.numel // buf.dp
+                local = b.param_data[r * shard:(r + 1) * shard].clone()
+                dist.all_gather_into_tensor(b.param_data, local, group=buf.group)
+
+    def state_tensors(self) -> dict:
+        out = {}
+        for p, m in self.masters.items():
+            name = self.names[p]
+            out[f"{name}.master"] = m
+            st = self.muon.state.get(m, {}) if self.muon else {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    out[f"{name}.{k}"] = v
+        return out

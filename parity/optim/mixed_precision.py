@@ -1,0 +1,40 @@
+"""fp32 masters and the master -> model copy (megatron.md s2.7-2.8)."""
+
+from __future__ import annotations
+
+import torch
+
+from parity.model import is_quantized_param
+
+
+def is_native_fp32(p) -> bool:
+    """fp32 params (keep_in_fp32) are their own master and travel in fp32."""
+    return not is_quantized_param(p) and p.dtype == torch.float32
+
+
+def make_master(p, device, faults=frozenset()) -> torch.Tensor:
+    """fp32 master of a bf16 or FP8 param. An FP8 param's master comes from its preserved
+    high-precision init, not from the lossy dequantization of its FP8 bytes: then ON's master
+    equals OFF's (clone of the same bf16 init) before any update."""
+    if is_quantized_param(p):
+        hp = p.get_high_precision_init_val()
+        if "master-from-fp8-dequant" in faults or hp is None:
+            master = p.qt.dequantize(torch.float32).clone()
+        else:
+            master = hp.to(device=device, dtype=torch.float32, copy=True)
+        p.clear_high_precision_init_val()
+    else:
+        master = p.detach().to(torch.float32, copy=True)
+    master.qkv_split_shapes = getattr(p, "qkv_split_shapes", None)
+    return master
+
+
+def copy_master_to_param(p, master, faults=frozenset()) -> None:
+    """bf16 params get bf16(master) (round to nearest even); FP8 params get Q(bf16(master)),
+    exactly what OFF's forward quantizes from its bf16 weight."""
+    if is_quantized_param(p):
+        src = master if "fp32-master-direct-to-fp8" in faults else master.to(torch.bfloat16)
+        p.qt.requantize_(src)
+        p.qt.post_all_gather_processing()
+    else:
+        p.data.copy_(master)

@@ -1,0 +1,205 @@
+"""One training stack (model + DDP + LayerWise Muon + DistOpt Adam) and its step, in phases.
+
+The harness drives two of these in lockstep. Each phase ends with a call to ``on_phase(name,
+tensors)`` where ``tensors`` maps names to the LIVE tensors of that phase (so an injected fault
+propagates like a real bug); the caller clones only what it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from parity.ddp.ddp import DDP, DDPConfig
+from parity.model import GPT, ModelConfig, is_quantized_param
+from parity.model.data import batch
+from parity.model.fp8_linear import FP8Linear
+from parity.optim.distopt import DistributedOptimizer
+from parity.optim.layerwise import LayerWiseOptimizer
+
+FP8_PARTS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
+PHASES = ("forward", "grad_local", "grad_reduce", "optimizer", "param_sync")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer hyper-parameters (Muon for matrices, Adam for the rest)."""
+
+    lr: float = 1e-3
+    """Learning rate of both optimizers (1e-3 amplifies any mismatch)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    muon_momentum: float = 0.9
+    """Muon beta."""
+    muon_nesterov: bool = False
+    """Nesterov momentum for Muon."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations."""
+    muon_coefficients: str = "quintic"
+    """Newton-Schulz coefficient set: 'quintic' or 'simple'."""
+    muon_extra_scale_factor: float = 1.0
+    """Extra factor on Muon's spectral scale."""
+    muon_split_qkv: bool = True
+    """Orthogonalize the fused QKV matrix per q/k/v piece."""
+    adam_betas: tuple = (0.9, 0.999)
+    """Adam betas."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    clip_grad: float = 0.0
+    """Gradient clipping (0: off; bit-exactness is established at clip 0)."""
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.muon_coefficients not in ("quintic", "simple"):
+            raise ValueError(f"optim.muon_coefficients must be 'quintic' or 'simple', got {self.muon_coefficients!r}")
+        if self.clip_grad != 0.0:
+            raise ValueError("optim.clip_grad other than 0 is not supported (bit-exactness holds at clip 0)")
+
+    def muon_kwargs(self) -> dict:
+        return dict(lr=self.lr, momentum=self.muon_momentum, nesterov=self.muon_nesterov,
+                    weight_decay=self.weight_decay, steps=self.muon_ns_steps,
+                    coefficient_type=self.muon_coefficients, scale_mode="spectral",
+                    extra_scale_factor=self.muon_extra_scale_factor, fp32_matmul_prec="medium",
+                    split_qkv=self.muon_split_qkv)
+
+    def adam_kwargs(self) -> dict:
+        return dict(lr=self.lr, betas=tuple(self.adam_betas), eps=self.adam_eps,
+                    weight_decay=self.weight_decay)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Everything that defines one side of a lockstep pair."""
+
+    model: ModelConfig
+    recipe: str
+    fp8_param_gather: bool
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 1234
+    force_sync_each_step: bool = False
+    """Under overlap: leave the next gather pending after the step and finish it with force_sync
+    (instead of the forward pre-hook)."""
+    faults: frozenset = frozenset()
+
+    def __post_init__(self):
+        validate_stack(self)
+
+
+def validate_stack(c: StackConfig) -> None:
+    if c.recipe not in ("blockwise", "mxfp8"):
+        if c.recipe in ("nvfp4", "fp4"):
+            raise ValueError("fp4 param gather is not supported on the LayerWise path (rejected outright)")
+        raise ValueError(f"recipe must be 'blockwise' or 'mxfp8', got {c.recipe!r}")
+    if c.fp8_param_gather and c.ddp.layout != "compact":
+        raise ValueError("fp8 param gather is supported only on the compact (decoupled) layout, "
+                         "not on the padded LayerWise layout")
+    if c.recipe == "mxfp8":
+        bad = [d for d in c.model.matrix_dims() if d % 32]
+        if bad:
+            raise ValueError(f"mxfp8 needs every matrix dimension divisible by 32; got {bad}")
+
+
+class Stack:
+    def __init__(self, cfg: StackConfig, groups, device):
+        self.cfg, self.groups, self.device = cfg, groups, device
+        faults = cfg.faults
+        self.model = GPT(cfg.model, recipe=cfg.recipe, fp8_param=cfg.fp8_param_gather, seed=cfg.seed,
+                         device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
+                         ep_group=groups.ep_group)
+        ddp_cfg = cfg.ddp
+        if "split-grad-buffers" in faults and cfg.fp8_param_gather:
+            ddp_cfg = DDPConfig(**{**ddp_cfg.__dict__, "merge_layerwise_fp8_grads": False})
+        self.ddp = DDP(self.model, ddp_cfg, dp_group=groups.dp_group,
+                       expt_dp_group=groups.expt_dp_group, device=device, faults=faults)
+        self.names = self.ddp.names
+        self.params = list(self.names)
+        self.lw = LayerWiseOptimizer(self.ddp, dp_group=groups.dp_group,
+                                     expt_dp_group=groups.expt_dp_group,
+                                     muon_kwargs=cfg.optim.muon_kwargs(), device=device, faults=faults)
+        self.do = DistributedOptimizer(self.ddp.all_buffers(), self.names, cfg.optim.adam_kwargs())
+        self.fp8_linears = {m.weight: m for m in self.model.modules() if isinstance(m, FP8Linear)}
+        self.overlap = self.ddp.config.overlap_param_gather
+        self.grad_buffer_clean = None  # set after each forced sync: LayerWise grad_data all zero?
+        # The first forward uses the params from init: nothing to gather yet.
+        if self.overlap:
+            for g in self.ddp.layer_wise_overlap_groups():
+                g.param_gather_dispatched = True
+
+    # -- phases ----------------------------------------------------------------------------
+    def step(self, step: int, on_phase) -> None:
+        cfg, ddp = self.cfg, self.ddp
+        ddp.zero_grad_buffer()
+        tokens, labels = batch(cfg.seed, step, self.groups.dp_rank, cfg.model.micro_batch,
+                               cfg.model.seq_len, cfg.model.vocab_size, self.device)
+        loss, logits = self.model(tokens, labels)
+        on_phase("forward", {"loss": loss.detach().reshape(1), "output": logits.detach()})
+        loss.backward()
+        if not ddp.config.overlap_grad_reduce:
+            on_phase("grad_local", self.main_grads())
+        ddp.finish_grad_sync()
+        on_phase("grad_reduce", self.main_grads())
+        self.lw.step()
+        self.do.step()
+        on_phase("optimizer", self.optimizer_state())
+        if "sample-before-deferred-gather" in cfg.faults:
+            on_phase("param_sync", self.param_tensors())  # the gather has not landed yet
+            if self.overlap:
+                self.finalize_deferred_gather()
+            return
+        if self.overlap:
+            self.finalize_deferred_gather()
+        on_phase("param_sync", self.param_tensors())
+
+    def finalize_deferred_gather(self):
+        """Params are sampled only after the deferred gather has landed; then the groups are
+        re-armed so the next forward's pre-hooks still exercise the deferred path."""
+        ddp = self.ddp
+        if self.cfg.force_sync_each_step:
+            for g in ddp.layer_wise_overlap_groups():
+                ddp.start_param_sync(group=g)        # leave the gather pending
+            ddp.start_param_sync(force_sync=True)    # force_sync must finalize it
+            self.grad_buffer_clean = all(
+                int(torch.count_nonzero(b.grad_data)) == 0
+                for buf in ddp.all_buffers() if buf.key.is_layer_wise for b in buf.buckets)
+        else:
+            ddp.disable_forward_pre_hook(param_sync=True)
+            ddp.enable_forward_pre_hook()
+        if "no-rearm-after-force-sync" not in self.cfg.faults:
+            ddp.reset_param_sync_dispatch_state()
+
+    # -- captured tensors ------------------------------------------------------------------
+    def main_grads(self) -> dict:
+        return {self.names[p]: p.main_grad for p in self.params}
+
+    def optimizer_state(self) -> dict:
+        out = dict(self.lw.state_tensors())
+        out.update(self.do.state_tensors())
+        return out
+
+    def param_tensors(self) -> dict:
+        out = {}
+        for p in self.params:
+            name = self.names[p]
+            if is_quantized_param(p):
+                qt = p.qt
+            else:
+                out[name] = p.data
+                m = self.fp8_linears.get(p)
+                qt = m.fp8_weight() if m is not None else None
+            if qt is not None:
+                for part in FP8_PARTS:
+                    t = getattr(qt, part, None)
+                    if t is not None:
+                        out[f"{name}.fp8.{part}"] = t
+        return out
+
+    def persistent_bytes(self) -> dict:
+        """Bytes the Muon matrices persist as model weights (FP8 parts or bf16/fp32 storage)."""
+        total = 0
+        for b in self.lw.lw_buffers:
+            for p in b.params:
+                total += p.qt.nbytes if is_quantized_param(p) else p.numel() * p.element_size()
+        return {"muon_param_bytes": total}
