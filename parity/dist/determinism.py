@@ -78,7 +78,7 @@ def _check_nccl_algo(value: str) -> str | None:
     bad = [t for t in tokens if t.lower() not in accepted]
     if not bad:
         return None
-    if any(t.lower().lstrip("^") == "tree" for t in bad):
+    if any(t.lower() == "tree" for t in bad):
         return "Tree's reduction order depends on the detected topology"
     return f"unknown token(s) {', '.join(repr(t) for t in bad)}"
 

@@ -380,6 +380,7 @@ def _rank_main(
     conn: connection.Connection,
     parent_pid: int | None,
     store_port: int,
+    parent_env: dict[str, str],
 ) -> None:
     """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
     _die_with_parent(os.getppid() if parent_pid is None else parent_pid)
@@ -387,6 +388,11 @@ def _rank_main(
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
         sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")
     try:
+        # The launching process's environment as of this launch: a fork server's copy dates from
+        # the server's start.
+        if dict(os.environ) != parent_env:
+            os.environ.clear()
+            os.environ.update(parent_env)
         os.environ.update(cfg.env)
         os.environ.update(
             MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(store_port), RANK=str(rank),
@@ -561,13 +567,14 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
     deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
     # The process a rank must outlive: this one, or the fork server (found by the rank itself).
     parent_pid = os.getpid() if cfg.start_method == "spawn" else None
+    parent_env = dict(os.environ)
     stopped: list[int] = []
     try:
         for rank in range(cfg.world_size):
             parent_end, child_end = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port),
+                args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port, parent_env),
                 name=f"parity-rank-{rank}",
             )
             proc.start()

@@ -210,7 +210,8 @@ class QuantizedTensor:
         uses ``src``'s dtype (the input of TE's cast kernel). A QuantizedTensor ``src`` is
         dequantized first (as TE's ``quantize_`` does).
         """
-        from . import quantize as _q  # late import: quantize imports this module
+        import importlib
+        _q = importlib.import_module("parity.fp8.quantize")  # late: the package name "quantize" is the function
 
         if is_quantized_tensor(src):
             src = src.dequantize()

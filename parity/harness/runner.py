@@ -70,6 +70,8 @@ def _first_layer_wise_matrix(stack: Stack) -> str:
 
 
 def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch renames of collectives
     device = torch.device(ctx.device)
     rank = dist.get_rank()
     groups = build_groups(scenario.ep)

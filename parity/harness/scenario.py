@@ -223,18 +223,21 @@ def load_file(path) -> list[Scenario]:
 def _expand(matrix: dict, src) -> list[dict]:
     if "name" not in matrix or not isinstance(matrix["name"], str):
         raise _err(src, "matrix.name", "a matrix needs a name template such as '{recipe}-ep{ep}'")
-    axes = {k: v for k, v in matrix.items() if isinstance(v, list)}
+    axes = {k: v for k, v in matrix.items() if isinstance(v, list) and k != "exclude"}
     fixed = {k: v for k, v in matrix.items() if not isinstance(v, list) and k not in ("name", "exclude")}
     excludes = matrix.get("exclude", [])
     out = []
     for combo in itertools.product(*axes.values()):
         raw = {**fixed, **dict(zip(axes, combo))}
-        if any(all(raw.get(k) == v for k, v in ex.items()) for ex in excludes):
+        kind = raw.pop("kind", None)
+        if kind is not None:
+            if kind not in ("dense", "moe"):
+                raise _err(src, "matrix.kind", f"{kind!r} is not allowed; allowed: dense, moe")
+            raw["moe"] = kind == "moe"
+        if any(all((kind if k == "kind" else raw.get(k)) == v for k, v in ex.items()) for ex in excludes):
             continue
-        if raw.get("ep", 1) > 1 and not raw.get("moe", False):
-            continue  # EP needs experts; the cross product would otherwise name impossible cells
         try:
-            raw["name"] = matrix["name"].format(**{k: _fmt(v) for k, v in raw.items()})
+            raw["name"] = matrix["name"].format(kind=kind, **{k: _fmt(v) for k, v in raw.items()})
         except KeyError as e:
             raise _err(src, "matrix.name", f"template names unknown key {e}") from None
         out.append(raw)

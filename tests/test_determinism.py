@@ -1,0 +1,138 @@
+"""parity.dist.determinism: the fail-closed validator and apply_determinism (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity.dist.determinism import (
+    DETERMINISM_ENV,
+    DeterminismError,
+    apply_determinism,
+    validate_determinism_env,
+)
+
+
+@pytest.fixture
+def restore_torch_switches():
+    """apply_determinism(configure_torch=True) changes process-wide state; put it back."""
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.get_num_threads(),
+    )
+    yield
+    mode, warn_only, cudnn_det, cudnn_bench, threads = saved
+    torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = cudnn_det
+    torch.backends.cudnn.benchmark = cudnn_bench
+    torch.set_num_threads(threads)
+
+
+def test_defaults_are_valid_and_empty_env_is_valid():
+    assert validate_determinism_env(DETERMINISM_ENV) == []
+    assert validate_determinism_env({}) == []
+
+
+@pytest.mark.parametrize(
+    "algo", ["Ring", "ring", "RING", "Ring,CollnetDirect", "CollnetChain", "^NVLS", "Ring, CollnetChain"]
+)
+def test_accepted_nccl_algo(algo):
+    assert validate_determinism_env({"NCCL_ALGO": algo}) == []
+
+
+@pytest.mark.parametrize(
+    "algo,why",
+    [
+        ("Tree", "Tree"),
+        ("tree", "Tree"),
+        ("Ring,Tree", "Tree"),
+        ("^Tree", "unknown token"),  # "all but Tree" would allow NVLS
+        ("NVLS", "unknown token"),
+        ("allreduce:tree;broadcast:ring", "unknown token"),
+        ("", "empty"),
+        ("Ring,", "empty"),
+    ],
+)
+def test_rejected_nccl_algo(algo, why):
+    violations = validate_determinism_env({"NCCL_ALGO": algo})
+    assert len(violations) == 1
+    assert violations[0].startswith(f"NCCL_ALGO={algo!r}")
+    assert why in violations[0]
+    assert "Ring" in violations[0] and "^NVLS" in violations[0]  # lists the accepted tokens
+
+
+@pytest.mark.parametrize(
+    "name,bad,good",
+    [
+        ("NCCL_NVLS_ENABLE", "1", "0"),
+        ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1", "0"),
+        ("CUBLAS_WORKSPACE_CONFIG", ":0:0", ":16:8"),
+        ("CUBLAS_WORKSPACE_CONFIG", "", ":4096:8"),
+    ],
+)
+def test_other_variables(name, bad, good):
+    violations = validate_determinism_env({name: bad})
+    assert len(violations) == 1 and violations[0].startswith(f"{name}={bad!r}")
+    assert repr(good) in violations[0]  # names the accepted value(s)
+    assert validate_determinism_env({name: good}) == []
+
+
+def test_tree_is_rejected_with_a_message_naming_the_variable():
+    env = {"NCCL_ALGO": "Tree"}
+    with pytest.raises(DeterminismError) as info:
+        apply_determinism(env, configure_torch=False)
+    assert info.value.exit_code == 2
+    message = str(info.value)
+    assert "NCCL_ALGO='Tree'" in message and "Ring" in message
+    assert env == {"NCCL_ALGO": "Tree"}  # nothing set when it refuses
+
+
+def test_every_violation_is_listed():
+    env = {"NCCL_ALGO": "Tree", "NCCL_NVLS_ENABLE": "1", "CUBLAS_WORKSPACE_CONFIG": ":1:1"}
+    with pytest.raises(DeterminismError) as info:
+        apply_determinism(env, configure_torch=False)
+    for name in env:
+        assert name in str(info.value)
+
+
+def test_defaults_fill_only_unset_variables():
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "UNRELATED": "x"}
+    applied = apply_determinism(env, configure_torch=False)
+    assert env["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # an accepted value is kept
+    assert env["UNRELATED"] == "x"
+    for name, value in DETERMINISM_ENV.items():
+        if name != "CUBLAS_WORKSPACE_CONFIG":
+            assert env[name] == value
+    assert "CUBLAS_WORKSPACE_CONFIG" not in applied["set_by_default"]
+    assert applied["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert applied["violations"] == [] and applied["warnings"] == []
+    assert "torch" not in applied
+
+
+def test_allow_nondeterministic_bypasses_with_a_warning():
+    env = {"NCCL_ALGO": "Tree"}
+    with pytest.warns(RuntimeWarning, match="NCCL_ALGO"):
+        applied = apply_determinism(env, allow_nondeterministic=True, configure_torch=False)
+    assert env["NCCL_ALGO"] == "Tree"  # left as asked
+    assert env["NCCL_NVLS_ENABLE"] == "0"  # the rest still gets its default
+    assert len(applied["warnings"]) == 1 and "NCCL_ALGO='Tree'" in applied["warnings"][0]
+    assert applied["violations"] == validate_determinism_env({"NCCL_ALGO": "Tree"})
+
+
+def test_torch_switches(restore_torch_switches):
+    applied = apply_determinism({}, num_threads=1)
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert torch.get_num_threads() == 1
+    assert applied["torch"]["use_deterministic_algorithms"] is True
+    assert applied["torch"]["num_threads"] == 1
+
+
+def test_num_threads_none_leaves_thread_count(restore_torch_switches):
+    before = torch.get_num_threads()
+    apply_determinism({}, num_threads=None)
+    assert torch.get_num_threads() == before
