@@ -30,6 +30,15 @@ def _load():
 CASES, TENSORS = _load()
 
 
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    """Small tensors: one intra-op thread is much faster, above all with xdist workers on 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view for exact comparison (never == on floats)."""
     if t.dtype == torch.float32:

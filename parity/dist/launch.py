@@ -99,7 +99,8 @@ class LaunchConfig:
     """"spawn": every rank is a fresh interpreter (imports torch itself: about 1.3 s of CPU per rank).
     "forkserver": ranks are forked from a server process that imported torch once per parent
     process; the first launch pays that import, later launches start in well under a second.
-    Never "fork": a forked torch process inherits locks held by threads it does not have."""
+    Never "fork": a forked torch process inherits locks held by threads it does not have.
+    Either way a rank's stdout/stderr are the launching process's at the time of the launch."""
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: Any) -> None:
@@ -330,6 +331,37 @@ class _PrefixedStream:
         return getattr(self._stream, name)
 
 
+class _InheritedFd:
+    """Pickles as a duplicate of file descriptor ``fd`` that the rank receives (as an int).
+
+    Used for stdout/stderr: a fork server's own descriptors are the ones the parent had when the
+    server started (e.g. before pytest swapped its capture files), not the current ones.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_InheritedFd._receive, (reduction.DupFd(self.fd),))
+
+    @staticmethod
+    def _receive(dup: Any) -> int:
+        return dup.detach()
+
+
+def _adopt_std_streams(stdout_fd: int, stderr_fd: int) -> None:
+    for stream, target, fd in ((sys.stdout, 1, stdout_fd), (sys.stderr, 2, stderr_fd)):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Make this process exit when its parent dies.
 
@@ -381,9 +413,11 @@ def _rank_main(
     parent_pid: int | None,
     store_port: int,
     parent_env: dict[str, str],
+    std_fds: tuple[int, int],
 ) -> None:
     """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
     _die_with_parent(os.getppid() if parent_pid is None else parent_pid)
+    _adopt_std_streams(*std_fds)
     if cfg.prefix_output:
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
         sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")
@@ -568,13 +602,19 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
     # The process a rank must outlive: this one, or the fork server (found by the rank itself).
     parent_pid = os.getpid() if cfg.start_method == "spawn" else None
     parent_env = dict(os.environ)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # what the parent printed comes before what the ranks print
+        except Exception:
+            pass
+    std_fds = (_InheritedFd(1), _InheritedFd(2))
     stopped: list[int] = []
     try:
         for rank in range(cfg.world_size):
             parent_end, child_end = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port, parent_env),
+                args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port, parent_env, std_fds),
                 name=f"parity-rank-{rank}",
             )
             proc.start()

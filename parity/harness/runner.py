@@ -69,6 +69,19 @@ def _first_layer_wise_matrix(stack: Stack) -> str:
     raise RuntimeError("model has no Muon-managed matrix")
 
 
+def _resolve_param(param, star, phase, live):
+    """``*``: the first Muon-managed matrix, as that phase holds it (its grad, its master, its
+    bf16 value or FP8 bytes); in `forward`, the loss."""
+    if param != "*":
+        return param
+    if phase == "forward":
+        return "loss"
+    for cand in (star, f"{star}.master", f"{star}.fp8.rowwise_data"):
+        if cand in live:
+            return cand
+    return star
+
+
 def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch renames of collectives
@@ -138,7 +151,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             _beat(step, phase)
             for inj in ulps:
                 if inj.step == step and inj.phase == phase:
-                    name = star if inj.param == "*" else inj.param
+                    name = _resolve_param(inj.param, star, phase, live)
                     if name not in live:
                         raise KeyError(f"--inject: no tensor {name!r} in phase {phase}")
                     bump_one_ulp(live[name])

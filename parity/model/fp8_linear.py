@@ -70,21 +70,31 @@ def accumulate_main_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
         hook(param)
 
 
+def _pad_rows(t: torch.Tensor, recipe: str) -> torch.Tensor:
+    """MXFP8 quantizes 32-row blocks: pad the token dim with zero rows (as MoE token padding does
+    for FP8). Zeros never raise a block's amax, so the valid rows' bytes and the GEMM sums over
+    valid rows are unchanged."""
+    if recipe != "mxfp8" or t.shape[0] % 32 == 0:
+        return t
+    return torch.cat([t, t.new_zeros(32 - t.shape[0] % 32, t.shape[1])])
+
+
 class _FP8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layer):
         recipe = layer.recipe
         act_block = RECIPE_BLOCKS[recipe][0]
         x2 = x.reshape(-1, x.shape[-1])
+        rows = x2.shape[0]
         qw = layer.fp8_weight()
         ctx.layer, ctx.x_shape, ctx.qw = layer, x.shape, qw
         if x2.shape[0] == 0:  # an expert that got no tokens still reports a (zero) gradient
             ctx.qx = None
             return x.new_empty(*x.shape[:-1], layer.out_features)
-        qx = quantize(x2, recipe, block=act_block, rowwise=True, columnwise=True)
+        qx = quantize(_pad_rows(x2, recipe), recipe, block=act_block, rowwise=True, columnwise=True)
         ctx.qx = qx
         y = fp8_gemm(qx.gemm_operand("rowwise"), qw.gemm_operand("rowwise"), out_dtype=x.dtype)
-        return y.reshape(*x.shape[:-1], layer.out_features)
+        return y[:rows].reshape(*x.shape[:-1], layer.out_features)
 
     @staticmethod
     def backward(ctx, dy):
@@ -94,13 +104,14 @@ class _FP8LinearFn(torch.autograd.Function):
             accumulate_main_grad(w, torch.zeros(w.shape, dtype=torch.float32, device=dy.device))
             return dy.new_zeros(ctx.x_shape), None
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-        qdy = quantize(dy2, layer.recipe, block=RECIPE_BLOCKS[layer.recipe][0],
+        rows = dy2.shape[0]
+        qdy = quantize(_pad_rows(dy2, layer.recipe), layer.recipe, block=RECIPE_BLOCKS[layer.recipe][0],
                        rowwise=True, columnwise=True)
         dx = fp8_gemm(qdy.gemm_operand("rowwise"), qw.gemm_operand("columnwise"), out_dtype=dy.dtype)
         dw = fp8_gemm(qdy.gemm_operand("columnwise"), qx.gemm_operand("columnwise"),
                       out_dtype=torch.float32)
         accumulate_main_grad(w, dw)
-        return dx.reshape(ctx.x_shape), None
+        return dx[:rows].reshape(ctx.x_shape), None
 
 
 class FP8Linear(nn.Module):

@@ -1,0 +1,295 @@
+"""parity.dist.launch: real rank processes on gloo, and what happens when ranks fail.
+
+Most failure tests use the "forkserver" start method: after the first launch in a test process a
+rank starts in ~0.1 s instead of ~1-2 s, and the failure handling is the same code. The default
+"spawn" method is covered by the basic launches, one failure test and the parent-death test.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parity.dist.determinism import DeterminismError
+from parity.dist.launch import LaunchConfig, RankFailure, free_port, launch
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank functions (top level, so they pickle by reference)
+# ---------------------------------------------------------------------------------------------
+
+
+def _sum_ranks(ctx, scale):
+    t = torch.tensor([float(ctx.rank + 1) * scale])
+    dist.all_reduce(t)
+    print(f"hello from rank {ctx.rank}")
+    return {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "sum": t.item(),
+        "pid": os.getpid(),
+        "device": str(ctx.device),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "threads": torch.get_num_threads(),
+        "nccl_algo": os.environ.get("NCCL_ALGO"),
+        "extra": os.environ.get("PARITY_TEST_EXTRA"),
+        "applied": ctx.determinism["env"]["CUBLAS_WORKSPACE_CONFIG"],
+    }
+
+
+def _rank1_raises(ctx):
+    if ctx.rank == 1:
+        raise ValueError("boom from rank one")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # blocks: rank 1 never joins
+    return ctx.rank
+
+
+def _rank1_exits_mid_collective(ctx):
+    if ctx.rank == 1:
+        time.sleep(0.3)  # let the others enter the collective first
+        os._exit(7)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return ctx.rank
+
+
+def _rank1_hangs(ctx):
+    if ctx.rank == 1:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # forces the SIGKILL path
+        while True:
+            time.sleep(1)
+    return ctx.rank
+
+
+def _unpicklable_result(ctx):
+    return (lambda: None) if ctx.rank == 0 else ctx.rank
+
+
+def _write_pid_and_hang(ctx, out_dir):
+    Path(out_dir, f"rank{ctx.rank}.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    """The process no longer exists (or is a zombie nobody has reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def _assert_no_orphans(pids):
+    assert multiprocessing.active_children() == []
+    alive = [pid for pid in pids if not _gone(pid)]
+    assert alive == [], f"rank processes still alive: {alive}"
+
+
+def _launch_expecting_failure(fn, cfg, *args):
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        launch(fn, cfg, *args)
+    return info.value, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# Successful runs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "world_size,start_method",
+    [(2, "spawn"), (4, "spawn"), (4, "forkserver")],
+)
+def test_launch_results_in_rank_order(world_size, start_method, capfd):
+    cfg = LaunchConfig(
+        world_size=world_size, start_method=start_method, deadline_s=120, env={"PARITY_TEST_EXTRA": "yes"}
+    )
+    results = launch(_sum_ranks, cfg, 2.0)
+    assert [r["rank"] for r in results] == list(range(world_size))
+    expected_sum = 2.0 * world_size * (world_size + 1) / 2
+    for r in results:
+        assert r["world_size"] == world_size and r["sum"] == expected_sum
+        assert r["device"] == "cpu"
+        assert r["deterministic"] is True and r["threads"] == 1
+        assert r["nccl_algo"] == "Ring" and r["applied"] == ":4096:8"
+        assert r["extra"] == "yes"
+    _assert_no_orphans([r["pid"] for r in results])
+    out = capfd.readouterr().out
+    for rank in range(world_size):
+        assert f"[rank {rank}] hello from rank {rank}" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_rank_that_raises(start_method, capfd):
+    cfg = LaunchConfig(world_size=3, start_method=start_method, deadline_s=120, grace_s=2)
+    failure, elapsed = _launch_expecting_failure(_rank1_raises, cfg)
+    assert failure.exit_code == 3 and failure.rank == 1
+    message = str(failure)
+    assert message.startswith("rank 1 failed: raised ValueError: boom from rank one")
+    assert "_rank1_raises" in message  # the rank's traceback, as text
+    assert failure.failures[0].error == "ValueError: boom from rank one"
+    # the peers blocked in all_reduce were stopped, not waited for
+    assert set(failure.stopped) | {f.rank for f in failure.failures} == {0, 1, 2}
+    assert elapsed < 60
+    _assert_no_orphans(failure.pids.values())
+    assert "Traceback" not in capfd.readouterr().err  # neither the rank nor the parent printed one
+
+
+def test_rank_that_exits_mid_collective():
+    cfg = LaunchConfig(world_size=3, start_method="forkserver", deadline_s=120, grace_s=2)
+    failure, elapsed = _launch_expecting_failure(_rank1_exits_mid_collective, cfg)
+    assert failure.rank == 1 and failure.failures[0].exitcode == 7
+    assert str(failure).startswith("rank 1 failed: exited with code 7")
+    assert elapsed < 30
+    _assert_no_orphans(failure.pids.values())
+
+
+def test_hung_rank_is_ended_by_the_watchdog():
+    deadline, grace = 4.0, 1.0
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=deadline, grace_s=grace)
+    failure, elapsed = _launch_expecting_failure(_rank1_hangs, cfg)
+    assert failure.exit_code == 3
+    hung = {f.rank: f for f in failure.failures}
+    assert 1 in hung and "did not finish within deadline_s=4.0 s" in hung[1].reason
+    assert "rank 1" in str(failure)
+    assert elapsed < deadline + grace + 5
+    _assert_no_orphans(failure.pids.values())  # rank 1 ignored SIGTERM: it took SIGKILL
+
+
+def test_unpicklable_result_is_a_rank_failure():
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120)
+    failure, _ = _launch_expecting_failure(_unpicklable_result, cfg)
+    assert failure.rank == 0 and "not picklable" in str(failure)
+    _assert_no_orphans(failure.pids.values())
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_ranks_die_with_their_parent(start_method, tmp_path):
+    """SIGKILL the launching process: its ranks must not outlive it."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path[:0] = [{str(REPO)!r}, {str(TESTS_DIR)!r}]
+        from parity.dist.launch import LaunchConfig, launch
+        from test_dist_launch import _write_pid_and_hang
+        if __name__ == "__main__":
+            launch(_write_pid_and_hang, LaunchConfig(world_size=2, start_method={start_method!r}), {str(tmp_path)!r})
+        """
+    )
+    path = tmp_path / "parent.py"
+    path.write_text(script)
+    parent = subprocess.Popen([sys.executable, str(path)])
+    try:
+        end = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2:
+            assert parent.poll() is None, "launching process ended early"
+            assert time.monotonic() < end, "ranks did not start"
+            time.sleep(0.1)
+        time.sleep(0.2)  # let both files be complete
+        pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    finally:
+        parent.kill()
+        parent.wait()
+    end = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids), f"orphaned ranks: {[p for p in pids if not _gone(p)]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals before anything starts, configuration, torchrun
+# ---------------------------------------------------------------------------------------------
+
+
+def test_nondeterministic_env_refused_before_spawning():
+    with pytest.raises(DeterminismError, match="NCCL_ALGO='Tree'") as info:
+        launch(_sum_ranks, LaunchConfig(world_size=2, env={"NCCL_ALGO": "Tree"}), 1.0)
+    assert info.value.exit_code == 2
+    assert multiprocessing.active_children() == []
+
+
+def test_unpicklable_fn_refused_before_spawning():
+    with pytest.raises(TypeError, match="picklable"):
+        launch(lambda ctx: None, LaunchConfig(world_size=2))
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"world_size": 0}, "world_size"),
+        ({"backend": "mpi"}, "backend"),
+        ({"device": "tpu"}, "device"),
+        ({"backend": "nccl", "device": "cpu"}, "nccl"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"deadline_s": -1}, "deadline_s"),
+        ({"grace_s": -1}, "grace_s"),
+        ({"master_port": 70000}, "master_port"),
+        ({"env": {"A": 1}}, "env"),
+        ({"start_method": "fork"}, "start_method"),
+        ({"num_threads": 0}, "num_threads"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LaunchConfig(**kwargs)
+
+
+def test_free_port():
+    port = free_port()
+    assert 0 < port < 65536
+
+
+def test_runs_unchanged_under_torchrun(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path[:0] = [{str(REPO)!r}, {str(TESTS_DIR)!r}]
+        from parity.dist.launch import LaunchConfig, launch
+        from test_dist_launch import _sum_ranks
+        if __name__ == "__main__":
+            (result,) = launch(_sum_ranks, LaunchConfig(world_size=2), 1.0)
+            print("RESULT", result["rank"], result["sum"], result["nccl_algo"], result["threads"], flush=True)
+        """
+    )
+    path = tmp_path / "under_torchrun.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+         f"--master-port={free_port()}", str(path)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if "RESULT" in line)
+    assert [line.split("RESULT ", 1)[1] for line in lines] == ["0 3.0 Ring 1", "1 3.0 Ring 1"]

@@ -1,0 +1,273 @@
+"""Block-scaled FP8 GEMM: the emulated cuBLAS model against an exact rational scalar reference,
+thread-count independence, a float64 sanity bound, and (on CUDA sm90) torch's scaled_mm."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from parity.fp8 import Operand, fp8_gemm, quantize, scaled_mm_supported
+from parity.fp8.formats import FP8_TORCH_DTYPE
+
+F32 = torch.float32
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact scalar reference (Python Fractions): the same model, one output element at a time
+# ---------------------------------------------------------------------------------------------
+_FMT = {F32: (24, -126, 127), BF16: (8, -126, 127), torch.float16: (11, -14, 15)}
+
+
+def rn(x: Fraction, dtype=F32) -> Fraction:
+    """Round a rational to the nearest value of ``dtype`` (ties to even, subnormals, overflow -> inf)."""
+    p, emin, emax = _FMT[dtype]
+    if x == 0:
+        return Fraction(0)
+    neg, a = x < 0, abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    while Fraction(2) ** e > a:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= a:
+        e += 1
+    ulp = Fraction(2) ** (max(e, emin) - p + 1)
+    t = a / ulp
+    n = t.numerator // t.denominator
+    rem = t - n
+    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1):
+        n += 1
+    r = n * ulp
+    if r >= Fraction(2) ** (emax + 1):
+        raise OverflowError("reference result overflows (not expected in these tests)")
+    return -r if neg else r
+
+
+def ref_gemm(a: Operand, b: Operand, out_dtype, swap_order=False):
+    A = a.data.view(FP8_TORCH_DTYPE[a.fp8_dtype]).float().tolist()
+    B = b.data.view(FP8_TORCH_DTYPE[b.fp8_dtype]).float().tolist()
+    SA, SB = a.scale_inv.tolist(), b.scale_inv.tolist()
+    M, K = a.data.shape
+    N = b.data.shape[0]
+    blk = a.block_len
+    b_first = (a.tile_2d is not None and b.tile_2d is None) != swap_order
+    out = torch.empty(M, N, dtype=F32)
+    for m in range(M):
+        Am = [Fraction(v) for v in A[m]]
+        for n in range(N):
+            Bn = [Fraction(v) for v in B[n]]
+            y = Fraction(0)
+            for kb in range(-(-K // blk)):
+                ks = range(kb * blk, min(K, (kb + 1) * blk))
+                p = rn(sum((Am[k] * Bn[k] for k in ks), Fraction(0)))
+                sa, sb = Fraction(SA[m][kb]), Fraction(SB[n][kb])
+                s1, s2 = (sb, sa) if b_first else (sa, sb)
+                t = rn(p * s1)
+                y = rn(t * s2 + y)
+            out[m, n] = float(y)
+    return out.to(out_dtype) if out_dtype != F32 else out
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({F32: torch.int32, BF16: torch.int16, torch.float16: torch.int16}[t.dtype])
+
+
+def varied(shape, seed, spread=6):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    mag = torch.randint(-spread, spread + 1, shape, generator=g).float()
+    return x * torch.exp2(mag)
+
+
+def operands(kind_a, kind_b, fmt_a, fmt_b, M, N, K, seed, pow2=False):
+    """(a, b) operands; kind is '1x128', '128x128' or 'mxfp8'."""
+    def make(kind, fmt, rows, s):
+        x = varied((rows, K), s)
+        if kind == "mxfp8":
+            return quantize(x, "mxfp8", fp8_dtype=fmt).gemm_operand("rowwise")
+        return quantize(x, "blockwise", block=kind, fp8_dtype=fmt, pow2_scales=pow2).gemm_operand("rowwise")
+
+    return make(kind_a, fmt_a, M, seed), make(kind_b, fmt_b, N, seed + 1)
+
+
+SCALAR_CASES = [
+    # kind_a, kind_b, fmt_a, fmt_b, out dtype, M, N, K
+    ("1x128", "128x128", "e4m3", "e4m3", F32, 6, 5, 300),      # 1D x 2D (fprop)
+    ("128x128", "1x128", "e4m3", "e4m3", F32, 5, 6, 300),      # 2D x 1D: b's scale first
+    ("1x128", "1x128", "e5m2", "e4m3", BF16, 4, 5, 256),       # 1D x 1D, mixed formats
+    ("1x128", "1x128", "e5m2", "e5m2", F32, 4, 4, 200),        # E5M2 x E5M2 (split dot path)
+    ("mxfp8", "mxfp8", "e4m3", "e4m3", F32, 32, 32, 64),       # 32-long blocks, E8M0 scales
+]
+
+
+@pytest.mark.parametrize("case", SCALAR_CASES, ids=[f"{c[0]}x{c[1]}-{c[2]}{c[3]}-{str(c[4])[6:]}" for c in SCALAR_CASES])
+def test_emulated_matches_scalar_reference(case):
+    ka, kb, fa, fb, out_dtype, M, N, K = case
+    a, b = operands(ka, kb, fa, fb, M, N, K, seed=len(case[0]) + M * 7 + K)
+    if ka == "mxfp8":  # keep the scalar loop small
+        a = Operand(a.data[:4].contiguous(), a.fp8_dtype, a.scale_inv[:4].contiguous(), 32)
+        b = Operand(b.data[:3].contiguous(), b.fp8_dtype, b.scale_inv[:3].contiguous(), 32)
+    got = fp8_gemm(a, b, out_dtype=out_dtype, backend="emulated")
+    want = ref_gemm(a, b, out_dtype)
+    assert got.dtype == out_dtype and got.shape == want.shape
+    assert torch.equal(bits(got), bits(want)), (got - want).abs().max()
+
+
+def test_fma_order_matters_and_is_followed():
+    """With fp32 (non-pow2) scales the two multiplication orders round differently; the emulation
+    must use TE's order: the 1D operand's scale first (a's, except for 2D x 1D)."""
+    differs = 0
+    for ka, kb in (("1x128", "128x128"), ("128x128", "1x128")):
+        a, b = operands(ka, kb, "e4m3", "e4m3", 8, 8, 384, seed=99)
+        got = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+        right = ref_gemm(a, b, F32)
+        wrong = ref_gemm(a, b, F32, swap_order=True)
+        assert torch.equal(bits(got), bits(right))
+        differs += int((bits(right) != bits(wrong)).sum())
+    assert differs > 0, "test data too easy: both orders agree everywhere"
+
+
+def test_exact_block_dot_with_cancellation():
+    """E5M2 x E5M2 products span 2^-32 .. 2^31.6: a plain float64 sum is not exact, ours is."""
+    e5 = lambda vals: torch.tensor(vals, dtype=F32).to(torch.float8_e5m2).view(torch.uint8)  # noqa: E731
+    big, tiny = 57344.0, 2.0 ** -16
+    a_vals = [big, tiny, big] + [0.0] * 125
+    b_vals = [big, tiny, -big] + [0.0] * 125
+    a = Operand(e5([a_vals]), "e5m2", torch.ones(1, 1), 128)
+    b = Operand(e5([b_vals]), "e5m2", torch.ones(1, 1), 128)
+    y = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    assert y.item() == 2.0 ** -32
+    # also with the elements in another order and in several rows (any BLAS blocking)
+    perm = torch.randperm(128, generator=torch.Generator().manual_seed(0))
+    a2 = Operand(a.data[:, perm].repeat(3, 1), "e5m2", torch.ones(3, 1), 128)
+    b2 = Operand(b.data[:, perm].repeat(2, 1), "e5m2", torch.ones(2, 1), 128)
+    assert torch.all(fp8_gemm(a2, b2, out_dtype=F32, backend="emulated") == 2.0 ** -32)
+
+
+def test_fma_is_single_rounding():
+    """fma(t, s, y) must round once. Block 0 gives y = 1 + 2^-23 (odd last bit); block 1 adds
+    t*s = 2^-24 * (1 + 2^-16) * (1 - 2^-16) = 2^-24 - 2^-56, so the exact sum lies just below the
+    midpoint 1 + 2^-23 + 2^-24 and rounds down to 1 + 2^-23. Rounding to float64 first would land
+    on the midpoint and tie to even, 1 + 2^-22."""
+    e4 = lambda vals: torch.tensor(vals, dtype=F32).to(torch.float8_e4m3fn).view(torch.uint8)  # noqa: E731
+    sa = torch.tensor([[1.0 + 2.0 ** -23, 2.0 ** -24 * (1 + 2.0 ** -16)]], dtype=F32)
+    sb = torch.tensor([[1.0, 1.0 - 2.0 ** -16]], dtype=F32)
+    a = Operand(e4([[1.0, 1.0]]), "e4m3", sa, 1)
+    b = Operand(e4([[1.0, 1.0]]), "e4m3", sb, 1)
+    y = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    assert y.item() == 1.0 + 2.0 ** -23
+    assert torch.equal(bits(y), bits(ref_gemm(a, b, F32)))
+    naive = ((1.0 + 2.0 ** -23) + (2.0 ** -24 * (1 + 2.0 ** -16)) * (1.0 - 2.0 ** -16))
+    assert torch.tensor(naive, dtype=torch.float64).float().item() == 1.0 + 2.0 ** -22  # the trap is real
+
+
+@pytest.mark.parametrize("fa,fb", [("e4m3", "e4m3"), ("e5m2", "e5m2")])
+def test_emulated_independent_of_thread_count(fa, fb):
+    a, b = operands("1x128", "128x128", fa, fb, 96, 80, 1000, seed=5)
+    torch.set_num_threads(1)
+    y1 = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    torch.set_num_threads(2)
+    y2 = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    assert torch.equal(bits(y1), bits(y2))
+
+
+@pytest.mark.parametrize("ka,kb,fa,fb", [("1x128", "128x128", "e4m3", "e4m3"), ("128x128", "1x128", "e4m3", "e5m2"),
+                                         ("1x128", "1x128", "e5m2", "e4m3"), ("mxfp8", "mxfp8", "e4m3", "e4m3")])
+def test_close_to_float64_dequantized_matmul(ka, kb, fa, fb):
+    a, b = operands(ka, kb, fa, fb, 64, 96, 512, seed=17)
+
+    def deq(op):
+        v = op.data.view(FP8_TORCH_DTYPE[op.fp8_dtype]).double()
+        return v * op.scale_inv.double().repeat_interleave(op.block_len, dim=1)[:, : v.shape[1]]
+
+    A, B = deq(a), deq(b)
+    ref = A @ B.t()
+    bound = (A.abs() @ B.abs().t()) * 2.0 ** -20 + 1e-30
+    y = fp8_gemm(a, b, out_dtype=F32, backend="emulated").double()
+    assert torch.all((y - ref).abs() <= bound)
+    yb = fp8_gemm(a, b, out_dtype=BF16, backend="emulated")
+    assert torch.equal(bits(yb), bits(y.float().to(BF16)))
+
+
+def test_gemm_of_columnwise_operands():
+    """dgrad/wgrad shapes: operands from the columnwise copies contract over the original rows."""
+    x = varied((256, 384), 3)
+    g = varied((256, 128), 4)
+    qx = quantize(x, "blockwise", block="1x128")
+    qg = quantize(g, "blockwise", block="1x128")
+    # wgrad: dW[128, 384] = g^T @ x  -> a = g^T [128, 256], b = x^T [384, 256]
+    dw = fp8_gemm(qg.gemm_operand("columnwise"), qx.gemm_operand("columnwise"), out_dtype=F32, backend="emulated")
+    ref = qg.dequantize(torch.float64).t() @ qx.dequantize(torch.float64)
+    assert dw.shape == (128, 384)
+    rel = ((dw.double() - ref).norm() / ref.norm()).item()
+    assert rel < 0.2  # columnwise copies are different quantizations of the same data
+    rel_hp = ((dw.double() - g.double().t() @ x.double()).norm() / ref.norm()).item()
+    assert rel_hp < 0.2
+
+
+def test_accumulate_into():
+    a, b = operands("1x128", "128x128", "e4m3", "e4m3", 16, 24, 256, seed=8)
+    c = varied((16, 24), 9).to(BF16)
+    c0 = c.clone()
+    out = fp8_gemm(a, b, out_dtype=BF16, backend="emulated", accumulate_into=c)
+    assert out is c
+    plain = fp8_gemm(a, b, out_dtype=BF16, backend="emulated")
+    assert torch.equal(bits(out), bits(plain + c0))
+    with pytest.raises(ValueError):
+        fp8_gemm(a, b, out_dtype=F32, accumulate_into=torch.zeros(16, 24, dtype=BF16))
+
+
+def test_argument_checks():
+    a, b = operands("1x128", "1x128", "e4m3", "e4m3", 4, 4, 256, seed=1)
+    c, _ = operands("1x128", "1x128", "e4m3", "e4m3", 4, 4, 384, seed=1)
+    with pytest.raises(ValueError, match="contraction"):
+        fp8_gemm(a, c, out_dtype=F32)
+    with pytest.raises(ValueError, match="block"):
+        fp8_gemm(a, Operand(b.data, "e4m3", torch.ones(4, 8), 32), out_dtype=F32)
+    with pytest.raises(ValueError):
+        fp8_gemm(a, b, out_dtype=F32, backend="cublas")
+    with pytest.raises(ValueError):
+        Operand(a.data, "e4m3", torch.ones(4, 3), 128)  # wrong scale shape
+    if not torch.cuda.is_available():
+        assert not scaled_mm_supported(a, b)
+        with pytest.raises(RuntimeError, match="scaled_mm"):
+            fp8_gemm(a, b, out_dtype=F32, backend="scaled_mm")
+        # auto falls back to the emulation off CUDA
+        assert torch.equal(bits(fp8_gemm(a, b, out_dtype=F32)), bits(fp8_gemm(a, b, out_dtype=F32, backend="emulated")))
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: torch.nn.functional.scaled_mm against the emulation (te.md 4: bit-identical on sm90)
+# ---------------------------------------------------------------------------------------------
+_CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("ka,kb", [("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128")])
+@pytest.mark.parametrize("out_dtype", [BF16, F32])
+@pytest.mark.parametrize("mnk", [(128, 128, 128), (256, 640, 384), (320, 256, 336), (320, 64, 336)])
+@pytest.mark.parametrize("pow2", [True, False])
+def test_scaled_mm_matches_emulation(ka, kb, out_dtype, mnk, pow2):
+    M, K, N = mnk
+    dev = torch.device("cuda")
+    torch.manual_seed(M + K + N)
+    x = (torch.randn(M, K, device=dev) * 3).to(BF16)
+    w = (torch.randn(N, K, device=dev) * 0.05).to(BF16)
+    a = quantize(x, "blockwise", block=ka, pow2_scales=pow2).gemm_operand("rowwise")
+    b = quantize(w, "blockwise", block=kb, pow2_scales=pow2).gemm_operand("rowwise")
+    if not scaled_mm_supported(a, b):
+        pytest.skip("scaled_mm blockwise path not supported on this device/torch")
+    y = fp8_gemm(a, b, out_dtype=out_dtype, backend="scaled_mm")
+    e = fp8_gemm(a, b, out_dtype=out_dtype, backend="emulated")
+    n_diff = int((bits(y.cpu()) != bits(e.cpu())).sum())
+    assert n_diff == 0, f"{n_diff} of {y.numel()} differ; max abs {(y.float() - e.float()).abs().max().item()}"
