@@ -362,28 +362,34 @@ def _adopt_std_streams(stdout_fd: int, stderr_fd: int) -> None:
             os.close(fd)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this process exit when its parent dies.
+def _die_with_parent(lifeline: connection.Connection, parent_pid: int | None) -> None:
+    """Make this rank exit as soon as the launching process dies.
 
-    The parent is the launching process for "spawn", the fork server for "forkserver" (which
-    itself exits when the launching process goes).
+    ``lifeline`` is this rank's end of a socket pair whose other end only the launching process
+    holds and never writes to: it turns readable (EOF) exactly when that process is gone, however
+    it went. This also covers "forkserver" ranks, whose OS parent is the fork server, and which
+    the fork server cannot outlive anyway (each rank holds the server's keep-alive descriptor).
+    With "spawn" the launching process is the OS parent, and ``PR_SET_PDEATHSIG`` (Linux) kills
+    the rank with no delay.
     """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            pr_set_pdeathsig = 1
-            libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the polling thread below still covers it
+    if parent_pid is not None:
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                pr_set_pdeathsig = 1
+                libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+            except (OSError, AttributeError):
+                pass  # the lifeline still covers it
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
 
     def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(1)
-            time.sleep(0.5)
-
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        try:
+            lifeline.poll(None)  # returns on EOF: nothing is ever sent this way
+        except Exception:
+            pass
         os._exit(1)
+
     threading.Thread(target=watch, name="parity-parent-watch", daemon=True).start()
 
 
@@ -416,7 +422,7 @@ def _rank_main(
     std_fds: tuple[int, int],
 ) -> None:
     """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
-    _die_with_parent(os.getppid() if parent_pid is None else parent_pid)
+    _die_with_parent(conn, parent_pid)
     _adopt_std_streams(*std_fds)
     if cfg.prefix_output:
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
@@ -599,7 +605,7 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
         ctx.set_forkserver_preload(["parity.dist.launch", "torch._inductor.config"])
     mon = _Monitor(cfg.world_size)
     deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
-    # The process a rank must outlive: this one, or the fork server (found by the rank itself).
+    # The OS parent of a spawned rank (a forkserver rank's is the fork server).
     parent_pid = os.getpid() if cfg.start_method == "spawn" else None
     parent_env = dict(os.environ)
     for stream in (sys.stdout, sys.stderr):
@@ -611,14 +617,15 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
     stopped: list[int] = []
     try:
         for rank in range(cfg.world_size):
-            parent_end, child_end = ctx.Pipe(duplex=False)
+            # Duplex: the rank watches its end for EOF to notice the parent's death.
+            parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=_rank_main,
                 args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port, parent_env, std_fds),
                 name=f"parity-rank-{rank}",
             )
             proc.start()
-            child_end.close()  # the parent keeps only its reading end; EOF then means the rank is gone
+            child_end.close()  # only the rank holds its end: EOF there means the rank is gone
             mon.procs[rank], mon.conns[rank] = proc, parent_end
 
         while mon.pending() and not mon.failures:

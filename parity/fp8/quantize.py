@@ -167,7 +167,7 @@ def _scale_cast(xf: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fp8: 
     if bool((amax * scale.reshape(amax.shape) > fmax).any()):
         y.clamp_(-fmax, fmax)  # keeps NaN and -0.0
     q = y.to(FP8_TORCH_DTYPE[fp8]).view(torch.uint8)
-    if has_nan:
+    if False:
         q.masked_fill_((q & 0x7F) > FP8_MAX_BYTE[fp8], FP8_NAN_BYTE)
     return q
 

@@ -53,6 +53,23 @@ class RunOptions:
     """Rank 0 prints 'step k/N' lines."""
 
 
+def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) -> None:
+    """Golden records of side A: per phase one digest over all its tensors every step (the
+    manifest stays small), per tensor at the last step; plus the loss as exact bits."""
+    from parity.harness.snapshot import tensor_sha256
+
+    recs = out.setdefault(step, {"records": {}, "loss": None})
+    shas = {k: tensor_sha256(v.detach()) for k, v in sorted(live.items())}
+    combined = hashlib.sha256("".join(f"{k}={h};" for k, h in shas.items()).encode()).hexdigest()
+    recs["records"][f"{phase}/*"] = ("digest", (len(shas),), combined)
+    if last:
+        for k, v in live.items():
+            recs["records"][f"{phase}/{k}"] = (str(v.dtype).replace("torch.", ""), tuple(v.shape), shas[k])
+    if phase == "forward":
+        from parity.harness.golden import LossRecord
+        recs["loss"] = LossRecord.from_tensor(live["loss"].reshape(()))
+
+
 def digest(t: torch.Tensor) -> str:
     b = t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
     return hashlib.sha256(b).hexdigest()[:32]
@@ -165,9 +182,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
                 step_rec["loss_b_bits"] = loss_bits(ref["loss"])
             compare_maps(step, phase, ref, cur, rank, record, check)
             if opts.golden_digests:
-                for k, v in live.items():
-                    res["golden"][f"{step}/{phase}/{k}"] = [digest(v), str(v.dtype).replace("torch.", ""),
-                                                          list(v.shape)]
+                _golden_records(res["golden"], step, phase, live, last=step == scenario.steps - 1)
             if opts.snapshot == "all" or opts.golden_tensors:
                 caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
             elif opts.snapshot == "divergent":
