@@ -206,6 +206,10 @@ def _print_entry(e, quiet):
     if fd:
         print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']}"
               f" (max {fd['max_ulp']} ULP, {fd['n_diff']} elements differ)")
+    if e.get("missing_phases"):
+        print(f"  phases never compared: {', '.join(e['missing_phases'])}")
+    for msg in e.get("golden_messages", [])[:5]:
+        print(f"  golden: {msg}")
     for c in e.get("failed_checks", [])[:5]:
         print(f"  check {c['check']} failed: {c['message']}")
     if e["status"] == "error":

@@ -121,7 +121,8 @@ def _rank_checks(ctx) -> dict:
 
 @pytest.fixture(scope="module")
 def per_rank() -> list[dict]:
-    return launch(_rank_checks, LaunchConfig(world_size=WORLD, deadline_s=120))
+    # forkserver: ranks start in ~0.1 s once the server is up; launch itself is tested elsewhere.
+    return launch(_rank_checks, LaunchConfig(world_size=WORLD, start_method="forkserver", deadline_s=180))
 
 
 @pytest.mark.parametrize("dtype", list(INT_VIEW), ids=str)

@@ -120,7 +120,8 @@ def test_nan_payloads_are_a_difference(dtype):
     if dtype == torch.float32:
         a, b = _bits([0x7FC00000, 0x7FC00001], dtype), _bits([0x7FC00000, 0x7FC00002], dtype)
     elif dtype == torch.float64:
-        a, b = _bits([0x7FF8000000000000, 0x7FF8000000000001], dtype), _bits([0x7FF8000000000000, 0xFFF8000000000001], dtype)
+        a = _bits([0x7FF8000000000000, 0x7FF8000000000001], dtype)
+        b = _bits([0x7FF8000000000000, 0xFFF8000000000001], dtype)
     elif dtype == torch.bfloat16:
         a, b = _bits([0x7FC0, 0x7FC1], dtype), _bits([0x7FC0, 0x7FC2], dtype)
     else:

@@ -668,3 +668,53 @@ def test_clone_and_repr():
 def test_fp8_dtype_view_helpers():
     q = quantize(torch.randn(32, 128), "blockwise", fp8_dtype="e5m2")
     assert q.rowwise_data.view(FP8_TORCH_DTYPE["e5m2"]).float().abs().max().item() <= 57344.0
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: the same bytes on the GPU as on the CPU (te.md 3: identical but for the NaN sign byte,
+# which the canonicalisation removes)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("recipe,block", [("blockwise", "1x128"), ("blockwise", "128x128"), ("mxfp8", None)])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("pow2", [True, False])
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_cuda_matches_cpu(recipe, block, fmt, pow2, dtype):
+    if recipe == "mxfp8" and not pow2:
+        pytest.skip("mxfp8 scales are always powers of two")
+    x = many_scales((384, 640), dtype, 77, tile=(128, 128), lo=-30, hi=30)
+    x[:128, :128] = 0
+    x[128:256, :128] = (x[128:256, :128].float() * 1e-39).to(dtype)
+    x[256:, 128:256] = torch.finfo(dtype).max
+    x[256:, 200] = -torch.finfo(dtype).max
+    x[5, 300] = math.inf
+    x[6, 301] = -math.inf
+    x[7, 302] = math.nan
+    x[8, 303] = -math.nan
+    cpu = quantize(x, recipe, block=block, fp8_dtype=fmt, pow2_scales=pow2)
+    gpu = quantize(x.cuda(), recipe, block=block, fp8_dtype=fmt, pow2_scales=pow2)
+    assert gpu.device.type == "cuda"
+    for name, t in cpu.raw_parts().items():
+        g = getattr(gpu, name).cpu()
+        assert same(g, t), f"{name}: {int((bits(g.numpy()) != bits(t.numpy())).sum())} differ"
+    assert same(gpu.dequantize(F32).cpu(), cpu.dequantize(F32))
+    x2 = many_scales((384, 640), dtype, 78)
+    cpu.requantize_(x2)
+    gpu.requantize_(x2)  # a CPU source is moved to the tensor's device
+    cpu.post_all_gather_processing()
+    gpu.post_all_gather_processing()
+    for name, t in cpu.raw_parts().items():
+        assert same(getattr(gpu, name).cpu(), t), name
+
+
+def test_fp32_input_not_modified():
+    x = many_scales((130, 260), F32, 12)
+    x0 = x.clone()
+    for recipe, block in (("blockwise", "1x128"), ("blockwise", "128x128")):
+        quantize(x, recipe, block=block)
+    y = x[:128, :256].contiguous()
+    y0 = y.clone()
+    quantize(y, "mxfp8")
+    assert same(x, x0) and same(y, y0)

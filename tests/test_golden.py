@@ -491,7 +491,8 @@ def test_sigkill_mid_write_keeps_old_golden(tmp_path):
         tg.record(__import__("pathlib").Path({str(tmp_path)!r}), version=1, overwrite=True)
         """
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    pythonpath = os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=pythonpath)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     leftovers = [n for n in _entries(tmp_path) if n != PID]
@@ -566,3 +567,15 @@ def test_recorder_validation(tmp_path):
         rec.add(2, 0, {})
     with pytest.raises(UsageError, match="full sha256"):
         rec.add_digests(2, 0, {"forward/x": KeyRecord("float32", (1,), "abc")})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_captures(tmp_path):
+    record(tmp_path)
+    g = load_golden(tmp_path, "tiny", PID)
+    cap = {k: v.cuda() for k, v in capture(1, 1).items()}
+    assert check_against_golden(g, 1, 1, cap) == []
+    cap["optimizer/decoder.0.mlp.fc1.weight"].view(torch.int32)[0, 1] ^= 1
+    (m,) = check_against_golden(g, 1, 1, cap)
+    assert m.diff.first_index == (0, 1) and m.diff.max_ulp == 1
+    assert check_against_golden(g, 1, 1, cap, tier="approx", rtol=1e-6, atol=0.0) == []

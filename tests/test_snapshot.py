@@ -200,3 +200,14 @@ def test_tensor_sha256():
     assert tensor_sha256(x.t()) == tensor_sha256(x.t().contiguous())
     assert tensor_sha256(torch.empty(0)) == hashlib.sha256(b"").hexdigest()
     assert tensor_sha256(torch.tensor(0.0)) != tensor_sha256(torch.tensor(-0.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_round_trip(tmp_path):
+    buf = torch.randn(64, device="cuda")
+    cap = {"a": buf[:32].view(4, 8).t(), "b": buf.bfloat16(), "c": buf[:16].to(torch.float8_e4m3fn)}
+    path = write_snapshot(tmp_path / "c.safetensors", cap)
+    tensors, _ = read_snapshot(path, device="cuda")
+    for k, v in cap.items():
+        assert tensors[k].device.type == "cuda" and compare_tensors(v, tensors[k], k).equal
+    assert tensor_sha256(cap["a"]) == tensor_sha256(cap["a"].cpu())

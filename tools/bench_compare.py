@@ -52,7 +52,10 @@ def _time(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     return statistics.median(times)
 
 
-def bench(device: torch.device, dtype: torch.dtype, size_mib: int, repeats: int, mismatch: bool) -> list[tuple[str, float, float]]:
+def bench(
+    device: torch.device, dtype: torch.dtype, size_mib: int, repeats: int, mismatch: bool
+) -> list[tuple[str, float, float]]:
+    """Rows of (method, seconds per call, GB/s) for one device and dtype."""
     nbytes = size_mib * (1 << 20)
     numel = nbytes // torch.empty((), dtype=dtype).element_size()
     a = torch.randn(numel, device=device, dtype=torch.float32).to(dtype)
@@ -83,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", nargs="+", default=None, help="devices to run on (default: cpu, and cuda if available)")
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="dtypes (default float32 bfloat16)")
     p.add_argument("--mismatch", action="store_true", help="also time the statistics path (one element differs)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.size_mib <= 0 or args.repeats <= 0:
         p.error("--size-mib and --repeats must be positive")
 

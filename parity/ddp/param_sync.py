@@ -35,6 +35,8 @@ def stage(params, out: torch.Tensor, fp8_staged: bool, faults=frozenset()) -> No
         n = p.numel()
         if fp8_staged:
             master = getattr(p, "main_param", None)
+            if master is None and p.dtype == torch.float32 and not is_quantized_param(p):
+                master = p.data  # a native fp32 param is its own master (bf16 transport drops bits)
             if master is None or master.numel() != n:
                 raise RuntimeError("fp8-staged gather needs every owned param's fp32 master")
             src = master

@@ -43,12 +43,14 @@ DETERMINISM_ENV: dict[str, str] = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     # TransformerEngine: no atomics-based kernels (e.g. some fused attention / grouped-MLP backward).
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
-    # Free NCCL buffers by stream synchronisation rather than recordStream: the same memory is then
-    # reused in the same order every run.
-    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
     # One hardware queue: kernels (compute and communication) start in issue order.
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
 }
+if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 11):
+    # Free NCCL buffers by stream synchronisation rather than recordStream, so memory is reused in
+    # the same order every run. From torch 2.11 on this is the default and setting the variable
+    # only makes every NCCL rank print a deprecation warning (seen with 2.11 on H200).
+    DETERMINISM_ENV["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
 
 # NCCL_ALGO is a comma-separated list. Ring and the CollNet variants reduce in a fixed order;
 # "^NVLS" (everything except NVLS) is accepted as Megatron does. Tree is rejected: its reduction

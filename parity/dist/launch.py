@@ -632,7 +632,10 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
             wait_s = None if deadline is None else deadline - time.monotonic()
             if wait_s is not None and wait_s <= 0:
                 for rank in mon.pending():
-                    phase = "running fn" if rank in mon.ready else "starting up"
+                    if rank in mon.results:
+                        phase = "exiting after it returned its result"
+                    else:
+                        phase = "running fn" if rank in mon.ready else "starting up"
                     mon.fail(rank, None, f"did not finish within deadline_s={cfg.deadline_s} s (hung while {phase})")
                 break
             waitables: dict[Any, tuple[str, int]] = {}

@@ -167,7 +167,7 @@ def _scale_cast(xf: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fp8: 
     if bool((amax * scale.reshape(amax.shape) > fmax).any()):
         y.clamp_(-fmax, fmax)  # keeps NaN and -0.0
     q = y.to(FP8_TORCH_DTYPE[fp8]).view(torch.uint8)
-    if False:
+    if has_nan:
         q.masked_fill_((q & 0x7F) > FP8_MAX_BYTE[fp8], FP8_NAN_BYTE)
     return q
 
@@ -179,12 +179,8 @@ def _widen(x: torch.Tensor):
     return x.float(), True
 
 
-def _quantize_rows_1x128(x2: torch.Tensor, fp8, pow2: bool, eps: float):
-    """1x128 blocks along the last dim of x2 [R, C]: (data uint8 [R, C], scale_inv fp32 [R, Cb])."""
-    return _rows_1x128(*_widen(x2), x2.dtype, fp8, pow2, eps)
-
-
 def _rows_1x128(xf: torch.Tensor, owned: bool, src_dtype, fp8, pow2: bool, eps: float):
+    """1x128 blocks along the last dim of fp32 xf [R, C]: (data uint8 [R, C], scale_inv fp32 [R, Cb])."""
     R, C = xf.shape
     Cb = _ceil_div(C, BLOCK_LEN)
     if C != Cb * BLOCK_LEN:  # zero padding never raises the amax and is sliced off below
@@ -196,6 +192,24 @@ def _rows_1x128(xf: torch.Tensor, owned: bool, src_dtype, fp8, pow2: bool, eps: 
     if Cb * BLOCK_LEN != C:
         q = q[:, :C].contiguous()
     return q, scale_inv
+
+
+def _cols_1x128(xf: torch.Tensor, owned: bool, src_dtype, fp8, pow2: bool, eps: float):
+    """128x1 blocks down the columns of fp32 xf [M, K] (= 1x128 blocks of x^T):
+    (data uint8 [K, M] transposed, scale_inv fp32 [Mb, K]).
+
+    Same blocks and arithmetic as quantizing ``x.t()`` row by row, but reduced in place and only
+    the uint8 result is transposed (cheaper than transposing the high-precision input).
+    """
+    M, K = xf.shape
+    Mb = _ceil_div(M, BLOCK_LEN)
+    if M != Mb * BLOCK_LEN:
+        xf, owned = F.pad(xf, (0, 0, 0, Mb * BLOCK_LEN - M)), True
+    xb = xf.view(Mb, BLOCK_LEN, K)
+    amax, has_nan = _block_amax(xb, (1,))
+    scale, scale_inv = blockwise_scale_from_amax(amax, fp8, src_dtype, pow2_scales=pow2, eps=eps)
+    q = _scale_cast(xb, scale.unsqueeze(1), amax, fp8, has_nan, owned).view(Mb * BLOCK_LEN, K)
+    return q[:M].t().contiguous(), scale_inv
 
 
 def _quantize_128x128(x2: torch.Tensor, fp8, pow2: bool, eps: float):
@@ -269,14 +283,15 @@ def _quantize_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: b
         return parts
     Mb, Kb = _ceil_div(M, BLOCK_LEN), _ceil_div(K, BLOCK_LEN)
     if block == "1x128":
+        xf, owned = _widen(x2)
         if rowwise:
-            q, s = _quantize_rows_1x128(x2, fp8, pow2, eps)  # s: [M, Kb]
+            q, s = _rows_1x128(xf, owned and not columnwise, x2.dtype, fp8, pow2, eps)  # s: [M, Kb]
             parts["rowwise_data"] = q
             parts["rowwise_scale_inv"] = _padded(s.t(), Kb, _pad_to(M, 4))
         if columnwise:
-            q, s = _quantize_rows_1x128(x2.t().contiguous(), fp8, pow2, eps)  # of x^T: q [K, M], s [K, Mb]
+            q, s = _cols_1x128(xf, owned, x2.dtype, fp8, pow2, eps)  # q: [K, M], s: [Mb, K]
             parts["columnwise_data"] = q
-            parts["columnwise_scale_inv"] = _padded(s.t(), Mb, _pad_to(K, 4))
+            parts["columnwise_scale_inv"] = _padded(s, Mb, _pad_to(K, 4))
         return parts
     # 128x128: quantize once; the columnwise copy is the exact transpose (te.md 1.4)
     q, s = _quantize_128x128(x2, fp8, pow2, eps)

@@ -17,7 +17,8 @@ Only when the bits differ are statistics computed: the number of differing
 elements, the first differing index and its two values with their bit
 patterns, NaN/Inf counts and, for floating-point dtypes, the distance in
 units in the last place (ULP) with a histogram. All of it runs on the tensors'
-device in bounded-size chunks; only a handful of integers per chunk leave it.
+device in bounded-size chunks (ULP distances only for the differing elements);
+only a handful of integers per chunk leave it.
 
 ULP distance
 ------------
@@ -83,9 +84,11 @@ _BUCKET_UPPER = (0, 1, 2, 10, 100)  # torch.bucketize boundaries (right-closed)
 ULP_NAN: int = torch.iinfo(torch.int64).max
 ULP_SATURATED: int = ULP_NAN - 1
 
-# Elements per chunk when computing statistics: bounds the int64 temporaries
-# to a few tens of MiB whatever the tensor size.
-_CHUNK = 1 << 22
+# Elements per chunk when computing statistics. Full-chunk temporaries are
+# bool masks and native-width bit views; int64 ULP work is done on the
+# differing elements only, so a chunk costs at most ~1 GiB even when every
+# element differs.
+_CHUNK = 1 << 24
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
@@ -203,7 +206,10 @@ def _inf_mask(mag: torch.Tensor, fmt: _FloatFormat) -> torch.Tensor | None:
 def _ulp_from_bits(
     va: torch.Tensor, vb: torch.Tensor, fmt: _FloatFormat
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ULP distance of two same-shape int views; also returns (nan_a, nan_b, mag_a, mag_b)."""
+    """ULP distance of two same-shape int views; also returns (nan_a, nan_b, mag_a, mag_b).
+
+    Bit-identical elements get 0, differing ones >= 1 (the mapping is injective).
+    """
     sa, ma = _sign_mag(va, fmt)
     sb, mb = _sign_mag(vb, fmt)
     same = sa == sb
@@ -404,35 +410,45 @@ def _hex_bits(v: int, nbytes: int) -> str:
     return f"0x{v & ((1 << (8 * nbytes)) - 1):0{2 * nbytes}x}"
 
 
-def _chunk_stats(
-    ca: torch.Tensor, cb: torch.Tensor, fmt: _FloatFormat | None
-) -> torch.Tensor:
-    """Per-chunk statistics as one int64 vector (stays on the device).
+def _native_nonfinite(v: torch.Tensor, fmt: _FloatFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """(NaN count, Inf count) of raw bits, computed in the view's own width (no int64 copy)."""
+    if fmt.nan == "negzero":
+        nan = v == (1 << (fmt.bits - 1))
+    elif fmt.nan == "unsigned-max":
+        nan = v == (1 << fmt.bits) - 1
+    else:
+        mag = v & (_INT64_MAX if fmt.bits == 64 else (1 << (fmt.bits - 1)) - 1)
+        if fmt.nan == "allones":
+            nan = mag == (1 << (fmt.bits - 1)) - 1
+        else:
+            nan = mag > fmt.inf
+            return torch.count_nonzero(nan), torch.count_nonzero(mag == fmt.inf)
+    return torch.count_nonzero(nan), torch.zeros((), dtype=torch.int64, device=v.device)
+
+
+def _chunk_stats(ca: torch.Tensor, cb: torch.Tensor, fmt: _FloatFormat | None) -> torch.Tensor:
+    """Per-chunk statistics of two flat int views, as one int64 vector (stays on the device).
 
     Layout: [n_diff, first_diff_offset, max_ulp, hist x6, nan_a, nan_b, inf_a, inf_b].
+    ULP distances are computed for the differing elements only: every equal
+    element is at distance 0 and every differing one at distance >= 1.
     """
-    ne = ca != cb
-    n_diff = ne.sum(dtype=torch.int64)
-    first = torch.argmax(ne.to(torch.uint8)).to(torch.int64)  # first True (0 if none)
     dev = ca.device
+    ne = ca != cb
+    n_diff = torch.count_nonzero(ne)
+    first = torch.argmax(ne.view(torch.uint8)).to(torch.int64)  # first True (0 if none)
     if fmt is None:
-        zero = torch.zeros((), dtype=torch.int64, device=dev)
-        rest = torch.zeros(10, dtype=torch.int64, device=dev)
-        return torch.cat([n_diff.reshape(1), first.reshape(1), zero.reshape(1), rest])
-    d, nan_a, nan_b, ma, mb = _ulp_from_bits(ca, cb, fmt)
+        rest = torch.zeros(11, dtype=torch.int64, device=dev)
+        return torch.cat([n_diff.reshape(1), first.reshape(1), rest])
+    d = _ulp_from_bits(ca[ne], cb[ne], fmt)[0]
     boundaries = torch.tensor(_BUCKET_UPPER, dtype=torch.int64, device=dev)
-    hist = torch.bincount(torch.bucketize(d, boundaries), minlength=len(ULP_BUCKETS))
+    hist = torch.bincount(torch.bucketize(d, boundaries), minlength=len(ULP_BUCKETS)).to(torch.int64)
+    hist[0] += ca.numel() - n_diff
     max_d = d.max() if d.numel() else torch.zeros((), dtype=torch.int64, device=dev)
-    inf_a = _inf_mask(ma, fmt)
-    inf_b = _inf_mask(mb, fmt)
-    counts = [
-        nan_a.sum(dtype=torch.int64),
-        nan_b.sum(dtype=torch.int64),
-        inf_a.sum(dtype=torch.int64) if inf_a is not None else torch.zeros((), dtype=torch.int64, device=dev),
-        inf_b.sum(dtype=torch.int64) if inf_b is not None else torch.zeros((), dtype=torch.int64, device=dev),
-    ]
+    nan_a, inf_a = _native_nonfinite(ca, fmt)
+    nan_b, inf_b = _native_nonfinite(cb, fmt)
     return torch.cat(
-        [n_diff.reshape(1), first.reshape(1), max_d.reshape(1), hist.to(torch.int64), torch.stack(counts)]
+        [n_diff.reshape(1), first.reshape(1), max_d.reshape(1), hist, torch.stack([nan_a, nan_b, inf_a, inf_b])]
     )
 
 
@@ -440,11 +456,9 @@ def _nonfinite_counts(v: torch.Tensor, fmt: _FloatFormat) -> tuple[int, int]:
     flat = v.reshape(-1)
     out = torch.zeros(2, dtype=torch.int64, device=v.device)
     for i in range(0, flat.numel(), _CHUNK):
-        s, m = _sign_mag(flat[i : i + _CHUNK], fmt)
-        out[0] += _nan_mask(s, m, fmt).sum(dtype=torch.int64)
-        inf = _inf_mask(m, fmt)
-        if inf is not None:
-            out[1] += inf.sum(dtype=torch.int64)
+        n_nan, n_inf = _native_nonfinite(flat[i : i + _CHUNK], fmt)
+        out[0] += n_nan
+        out[1] += n_inf
     n_nan, n_inf = out.tolist()
     return n_nan, n_inf
 
@@ -613,11 +627,12 @@ class CaptureDiff:
 
     def _ordered_messages(self) -> list[tuple[tuple[int, int], str]]:
         out: list[tuple[tuple[int, int], str]] = []
+        a, b = self.labels
         for k in self.missing:
-            out.append(((_phase_rank(k), -1), f"{self.path(k)}: present in {self.labels[0]}, missing from {self.labels[1]}"))
+            out.append(((_phase_rank(k), -1), f"{self.path(k)}: present in {a}, missing from {b}"))
         if not self.allow_extra:
             for k in self.extra:
-                out.append(((_phase_rank(k), -1), f"{self.path(k)}: present in {self.labels[1]}, missing from {self.labels[0]}"))
+                out.append(((_phase_rank(k), -1), f"{self.path(k)}: present in {b}, missing from {a}"))
         for i, d in enumerate(self.diffs):
             if not d.equal:
                 out.append(((_phase_rank(d.path[len(self.prefix):]), i), d.message()))
@@ -639,7 +654,8 @@ class CaptureDiff:
         if self.missing:
             parts.append(f"{len(self.missing)} missing from {self.labels[1]}")
         if self.extra:
-            parts.append(f"{len(self.extra)} missing from {self.labels[0]}" + (" (allowed)" if self.allow_extra else ""))
+            allowed = " (allowed)" if self.allow_extra else ""
+            parts.append(f"{len(self.extra)} missing from {self.labels[0]}{allowed}")
         return ", ".join(parts)
 
     def raise_on_failure(self) -> None:

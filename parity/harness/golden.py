@@ -577,7 +577,8 @@ def _parse_manifest(path: Path) -> dict[str, Any]:
         m = json.loads(text)
     except json.JSONDecodeError as e:
         raise GoldenError(
-            f"golden manifest {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); regenerate the golden"
+            f"golden manifest {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "regenerate the golden"
         ) from None
     if not isinstance(m, dict):
         raise _malformed(path, "top level is not an object")
@@ -734,7 +735,7 @@ def load_golden(
     parent = Path(root) / scenario
     gdir = _resolve_dir(parent, platform_id)
     if gdir is None:
-        others = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")) if parent.is_dir() else []
+        others = sorted({r.platform_id for r in list_goldens(root) if r.scenario == scenario})
         hint = f" (goldens exist for: {', '.join(others)})" if others else ""
         raise GoldenError(
             f"no golden for scenario {scenario!r} on platform {platform_id} under {root}{hint}; "
@@ -978,7 +979,9 @@ class GoldenChecker:
             if exp.dtype == act.dtype and exp.hex == act.hex:
                 return None
             return GoldenMismatch(
-                "loss", p, f"{p}: loss {act.repr} ({act.hex}, {act.dtype}) vs golden {exp.repr} ({exp.hex}, {exp.dtype})"
+                "loss",
+                p,
+                f"{p}: loss {act.repr} ({act.hex}, {act.dtype}) vs golden {exp.repr} ({exp.hex}, {exp.dtype})",
             )
         assert self.rtol is not None and self.atol is not None
         a, e = act.value, exp.value
@@ -987,7 +990,8 @@ class GoldenChecker:
         return GoldenMismatch(
             "loss",
             p,
-            f"{p}: loss {act.repr} vs golden {exp.repr}: |diff| {abs(a - e):.6g} > atol {self.atol:g} + rtol {self.rtol:g} * |golden|"
+            f"{p}: loss {act.repr} vs golden {exp.repr}: |diff| {abs(a - e):.6g} > "
+            f"atol {self.atol:g} + rtol {self.rtol:g} * |golden|"
             if exp.dtype == act.dtype
             else f"{p}: loss dtype {act.dtype} vs golden {exp.dtype}",
         )
@@ -1054,7 +1058,10 @@ def list_goldens(root: str | os.PathLike[str]) -> list[GoldenRef]:
         if not sdir.is_dir() or sdir.name.startswith(".") or not _NAME_RE.match(sdir.name):
             continue
         ids = {p.name for p in sdir.iterdir() if p.is_dir() and not p.name.startswith(".")}
-        ids |= {m.group("pid_id") for p in sdir.iterdir() if (m := _LEFTOVER_RE.match(p.name)) and m.group("kind") == "old"}
+        for p in sdir.iterdir():  # a golden caught mid-swap lives under its backup name
+            m = _LEFTOVER_RE.match(p.name)
+            if m and m.group("kind") == "old":
+                ids.add(m.group("pid_id"))
         for pid_id in sorted(ids):
             gdir = _resolve_dir(sdir, pid_id)
             if gdir is not None:

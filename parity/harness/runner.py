@@ -136,6 +136,19 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
         res["checks"].append({"step": step, "check": name, "ok": bool(ok), "rank": rank,
                               "message": "" if ok else msg})
 
+    # Ownership must be one table on every rank (all-gathered and compared).
+    for expert, group, size in ((False, groups.dp_group, groups.dp), (True, groups.expt_dp_group, groups.expt_dp)):
+        tables = [None] * size
+        dist.all_gather_object(tables, A.lw.ownership_table(expert), group=group)
+        check(-1, "ownership-agrees", all(t == tables[0] for t in tables),
+              f"ranks of the {'expert-' if expert else ''}DP group disagree on LayerWise ownership "
+              f"(a param owned by 0 or 2 ranks)")
+    # Only owners may keep a high-precision init copy, and only until their master exists.
+    kept = [A.names[p] for p in A.params if getattr(p, "hp_init", None) is not None]
+    check(-1, "init-copies-dropped", not kept,
+          f"{len(kept)} FP8 params still hold a high-precision init copy after optimizer "
+          f"construction (first: {kept[:2]})")
+
     # Masters at construction, before any update: ON seeded from the high-precision init must
     # equal OFF's clone of its bf16 param (a master from the FP8 dequant fails here).
     ma = {k: v for k, v in A.optimizer_state().items() if k.endswith(".master")}

@@ -86,9 +86,12 @@ class LayerWiseOptimizer:
             lists[r].append(p)
         return lists
 
-    def ownership_table(self) -> list[tuple[str, int]]:
+    def ownership_table(self, expert: bool | None = None) -> list[tuple[str, int]]:
+        """(param name, owner) rows; dense and expert tables agree within their own DP groups."""
         rows = []
-        for lists in (self.dense_lists, self.expert_lists):
+        for is_exp, lists in ((False, self.dense_lists), (True, self.expert_lists)):
+            if expert is not None and expert != is_exp:
+                continue
             for r, lst in enumerate(lists):
                 rows += [(self.names[p], r) for p in lst]
         return sorted(rows)

@@ -1,0 +1,150 @@
+"""`parity selftest`: inject every catalogued fault on the smallest scenario that exposes it and
+show the expected check catches it, at the expected place. Each scenario also runs clean and
+must pass: a fault "caught" by a check that fires on clean runs too proves nothing."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from parity.harness.faults import CATALOGUE, PENDING, Injection
+from parity.harness.run import run_scenario
+from parity.harness.runner import RunOptions
+from parity.harness.scenario import make_scenario
+
+SCENARIOS = {
+    "w4-dense": dict(world=4, moe=False),
+    "w4-moe": dict(world=4, moe=True, ep=2),
+    "w4-moe-overlap": dict(world=4, moe=True, ep=2, overlap=True),
+    "w4-overlap-pair": dict(world=4, moe=True, ep=2, pair="overlap_param_gather"),
+    "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
+    "w1-moe": dict(world=1, moe=True),
+}
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What must happen: a bit mismatch first seen at (step, phase[, tensor]), a failed check, or
+    an error whose text contains ``error``."""
+
+    kind: str
+    phase: str | None = None
+    step: int | None = None
+    tensor: str | None = None
+    check: str | None = None
+    error: str | None = None
+
+    def __str__(self):
+        if self.kind == "mismatch":
+            where = [f"step {self.step}" if self.step is not None else None, self.phase,
+                     f"*{self.tensor}*" if self.tensor else None]
+            return "mismatch at " + " / ".join(w for w in where if w)
+        if self.kind == "check":
+            return f"check {self.check} fails" + (f" at step {self.step}" if self.step is not None else "")
+        return f"error: {self.error}"
+
+
+CASES = {
+    "split-grad-buffers": ("w4-dense", Expect("mismatch", phase="grad_reduce")),
+    "numel-only-ownership": ("w4-dense", Expect("check", check="ownership-agrees", step=-1)),
+    "vacuous-param-compare": ("w4-dense", Expect("check", check="nonempty/param_sync", step=0)),
+    "zeros-vs-zeros": ("w4-force-sync-pair", Expect("check", check="grad-buffer-clean", step=0)),
+    "sample-before-deferred-gather": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
+    "no-rearm-after-force-sync": ("w4-moe-overlap", Expect("check", check="deferred-gather-armed", step=1)),
+    "force-sync-stale": ("w4-force-sync-pair", Expect("mismatch", phase="param_sync", step=0)),
+    "rank0-empty-slot": ("w4-moe", Expect("error", error="IndexError")),
+    "fp32-via-bf16": ("w4-moe", Expect("mismatch", phase="param_sync", step=0, tensor="ape")),
+    "mixed-bucket-head": ("w4-moe-overlap", Expect("error", error="cannot flatten an FP8 parameter")),
+    "master-from-fp8-dequant": ("w4-dense", Expect("mismatch", phase="init", step=-1)),
+    "keep-nonowned-init-copy": ("w4-dense", Expect("check", check="init-copies-dropped", step=-1)),
+    "fp32-master-direct-to-fp8": ("w1-moe", Expect("mismatch", phase="param_sync", step=0, tensor=".fp8.")),
+    "merge-allreduce-and-reduce-scatter-buckets": ("w4-dense", Expect("mismatch", phase="grad_reduce", step=0)),
+    "gather-payload-not-zeroed": ("w4-overlap-pair", Expect("mismatch", phase="grad_reduce", step=1)),
+    "staging-not-persisted": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
+}
+
+
+def scenario(key: str, steps: int):
+    return make_scenario({"name": f"selftest-{key}", "recipe": "blockwise", "steps": steps,
+                          **SCENARIOS[key]}, source="selftest")
+
+
+def observe(entry: dict) -> str:
+    if entry["status"] == "error":
+        return "error: " + (entry.get("error") or "") + " " + (entry.get("failure", {}).get("launcher", "")[-400:])
+    fd = entry.get("first_divergence")
+    parts = []
+    if fd:
+        parts.append(f"mismatch at step {fd['step']} / {fd['phase']} / {fd['tensor']}")
+    for c in entry.get("failed_checks", []):
+        parts.append(f"check {c['check']} fails at step {c['step']}")
+    return "; ".join(dict.fromkeys(parts)) or "nothing"
+
+
+def caught(exp: Expect, entry: dict) -> bool:
+    if exp.kind == "error":
+        text = (entry.get("error") or "") + (entry.get("failure", {}).get("launcher") or "")
+        return entry["status"] == "error" and exp.error in text
+    if entry["status"] == "error":
+        return False
+    if exp.kind == "check":
+        return any(c["check"].startswith(exp.check) and (exp.step is None or c["step"] == exp.step)
+                   for c in entry.get("failed_checks", []))
+    fd = entry.get("first_divergence")
+    return bool(fd) and (exp.phase is None or fd["phase"] == exp.phase) and \
+        (exp.step is None or fd["step"] == exp.step) and (exp.tensor is None or exp.tensor in fd["tensor"])
+
+
+def run_selftest(faults=None, steps: int = 3, out=print) -> list[dict]:
+    names = list(faults) if faults else list(CATALOGUE)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        from parity.harness.errors import UsageError
+        raise UsageError(f"selftest: no case for {unknown}; known: {', '.join(CASES)}")
+    opts = RunOptions(progress=False, snapshot="none", golden_digests=False)
+    rows, clean = [], {}
+    for name in names:
+        key, exp = CASES[name]
+        if key not in clean:
+            t0 = time.perf_counter()
+            e, _ = run_scenario(scenario(key, steps), opts, timeout_s=30)
+            clean[key] = e["status"] == "pass"
+            out(f"[selftest] clean {key}: {e['status']} ({time.perf_counter() - t0:.1f} s)")
+        t0 = time.perf_counter()
+        inj = RunOptions(injections=(Injection("fault", name=name),), progress=False, snapshot="none",
+                         golden_digests=False)
+        entry, _ = run_scenario(scenario(key, steps), inj, timeout_s=30)
+        ok = caught(exp, entry) and clean[key]
+        rows.append({"fault": name, "scenario": key, "expected": str(exp), "observed": observe(entry),
+                     "caught": ok, "clean_passes": clean[key], "seconds": round(time.perf_counter() - t0, 1)})
+        out(f"[selftest] {name}: {'caught' if ok else 'NOT CAUGHT'} ({rows[-1]['observed'][:160]})")
+    return rows
+
+
+def table(rows) -> str:
+    lines = ["| fault | scenario | expected | observed | caught |", "|---|---|---|---|---|"]
+    for r in rows:
+        obs = r["observed"].replace("|", "/")[:140]
+        lines.append(f"| {r['fault']} | {r['scenario']} | {r['expected']} | {obs} | "
+                     f"{'yes' if r['caught'] else 'NO'} |")
+    for name, (what, item) in PENDING.items():
+        lines.append(f"| {name} | - | pending: {what} (megatron.md s5 #{item}) | - | - |")
+    return "\n".join(lines)
+
+
+def selftest_command(args) -> int:
+    import json
+    import os
+
+    t0 = time.perf_counter()
+    rows = run_selftest(args.faults or None)
+    md = table(rows)
+    print(md)
+    n = sum(r["caught"] for r in rows)
+    print(f"[selftest] {n}/{len(rows)} faults caught in {time.perf_counter() - t0:.0f} s")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "selftest.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(os.path.join(args.out, "selftest.md"), "w") as f:
+        f.write(md + "\n")
+    return 0 if n == len(rows) else 1
