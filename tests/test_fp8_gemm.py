@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from parity.fp8 import Operand, fp8_gemm, quantize, scaled_mm_supported
+from parity.fp8.gemm import accumulate_blocks
 from parity.fp8.formats import FP8_TORCH_DTYPE
 
 F32 = torch.float32
@@ -52,14 +53,18 @@ def rn(x: Fraction, dtype=F32) -> Fraction:
     return -r if neg else r
 
 
-def ref_gemm(a: Operand, b: Operand, out_dtype, swap_order=False):
+def ref_gemm(a: Operand, b: Operand, out_dtype, rule="auto"):
+    """rule: "auto" (the model's: "product" when a 128x128 operand is involved, else "a_first"),
+    or force "a_first" = fma(RN(p*s_a), s_b, y), "b_first" = fma(RN(p*s_b), s_a, y),
+    "product" = fma(p, RN(s_a*s_b), y)."""
     A = a.data.view(FP8_TORCH_DTYPE[a.fp8_dtype]).float().tolist()
     B = b.data.view(FP8_TORCH_DTYPE[b.fp8_dtype]).float().tolist()
     SA, SB = a.scale_inv.tolist(), b.scale_inv.tolist()
     M, K = a.data.shape
     N = b.data.shape[0]
     blk = a.block_len
-    b_first = (a.tile_2d is not None and b.tile_2d is None) != swap_order
+    if rule == "auto":
+        rule = "product" if (a.tile_2d is not None or b.tile_2d is not None) else "a_first"
     out = torch.empty(M, N, dtype=F32)
     for m in range(M):
         Am = [Fraction(v) for v in A[m]]
@@ -70,9 +75,11 @@ def ref_gemm(a: Operand, b: Operand, out_dtype, swap_order=False):
                 ks = range(kb * blk, min(K, (kb + 1) * blk))
                 p = rn(sum((Am[k] * Bn[k] for k in ks), Fraction(0)))
                 sa, sb = Fraction(SA[m][kb]), Fraction(SB[n][kb])
-                s1, s2 = (sb, sa) if b_first else (sa, sb)
-                t = rn(p * s1)
-                y = rn(t * s2 + y)
+                if rule == "product":
+                    y = rn(p * rn(sa * sb) + y)
+                else:
+                    s1, s2 = (sa, sb) if rule == "a_first" else (sb, sa)
+                    y = rn(rn(p * s1) * s2 + y)
             out[m, n] = float(y)
     return out.to(out_dtype) if out_dtype != F32 else out
 
@@ -122,18 +129,25 @@ def test_emulated_matches_scalar_reference(case):
     assert torch.equal(bits(got), bits(want)), (got - want).abs().max()
 
 
-def test_fma_order_matters_and_is_followed():
-    """With fp32 (non-pow2) scales the two multiplication orders round differently; the emulation
-    must use TE's order: the 1D operand's scale first (a's, except for 2D x 1D)."""
-    differs = 0
-    for ka, kb in (("1x128", "128x128"), ("128x128", "1x128")):
-        a, b = operands(ka, kb, "e4m3", "e4m3", 8, 8, 384, seed=99)
-        got = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
-        right = ref_gemm(a, b, F32)
-        wrong = ref_gemm(a, b, F32, swap_order=True)
-        assert torch.equal(bits(got), bits(right))
-        differs += int((bits(right) != bits(wrong)).sum())
-    assert differs > 0, "test data too easy: both orders agree everywhere"
+@pytest.mark.parametrize("ka,kb", [("1x128", "1x128"), ("1x128", "128x128"), ("128x128", "1x128")])
+def test_scale_rule_matters_and_is_followed(ka, kb):
+    """With fp32 (non-pow2) scales the candidate epilogues round differently; the emulation must
+    follow the measured one (1Dx1D: s_a first; with a 2D operand: the scale product)."""
+    a, b = operands(ka, kb, "e4m3", "e4m3", 8, 8, 384, seed=99)
+    got = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    right = ref_gemm(a, b, F32)
+    assert torch.equal(bits(got), bits(right))
+    others = {"a_first", "b_first", "product"} - {"product" if "128x128" in (ka, kb) else "a_first"}
+    for rule in others:
+        wrong = ref_gemm(a, b, F32, rule=rule)
+        assert int((bits(right) != bits(wrong)).sum()) > 0, f"test data too easy: {rule} agrees everywhere"
+
+
+def test_pow2_scales_make_rules_agree():
+    a, b = operands("1x128", "128x128", "e4m3", "e4m3", 4, 4, 256, seed=3, pow2=True)
+    outs = [ref_gemm(a, b, F32, rule=r) for r in ("a_first", "b_first", "product")]
+    assert all(torch.equal(bits(o), bits(outs[0])) for o in outs)
+    assert torch.equal(bits(fp8_gemm(a, b, out_dtype=F32, backend="emulated")), bits(outs[0]))
 
 
 def test_exact_block_dot_with_cancellation():
@@ -257,7 +271,10 @@ _CUDA = torch.cuda.is_available()
 @pytest.mark.parametrize("out_dtype", [BF16, F32])
 @pytest.mark.parametrize("mnk", [(128, 128, 128), (256, 640, 384), (320, 256, 336), (320, 64, 336)])
 @pytest.mark.parametrize("pow2", [True, False])
-def test_scaled_mm_matches_emulation(ka, kb, out_dtype, mnk, pow2):
+def test_scaled_mm_vs_model(ka, kb, out_dtype, mnk, pow2):
+    """On the GPU: (1) torch's scaled_mm equals the model's epilogue bit for bit when the model is
+    fed the hardware's own per-block partials (tensorwise scaled_mm, unit scales, fp32 out);
+    (2) the fully emulated result (exact partials) is close to scaled_mm, not bitwise equal."""
     M, K, N = mnk
     dev = torch.device("cuda")
     torch.manual_seed(M + K + N)
@@ -268,6 +285,19 @@ def test_scaled_mm_matches_emulation(ka, kb, out_dtype, mnk, pow2):
     if not scaled_mm_supported(a, b):
         pytest.skip("scaled_mm blockwise path not supported on this device/torch")
     y = fp8_gemm(a, b, out_dtype=out_dtype, backend="scaled_mm")
+    assert y.shape == (M, N) and y.dtype == out_dtype
+    one = torch.ones((), device=dev)
+    Kb = -(-K // 128)
+    hw_p = torch.stack([
+        torch._scaled_mm(a.data[:, k * 128:(k + 1) * 128].contiguous().view(torch.float8_e4m3fn),
+                         b.data[:, k * 128:(k + 1) * 128].contiguous().view(torch.float8_e4m3fn).t(),
+                         scale_a=one, scale_b=one, out_dtype=F32, use_fast_accum=False)
+        for k in range(Kb)])
+    model = accumulate_blocks(hw_p, a, b, out_dtype)
+    n_diff = int((bits(y.cpu()) != bits(model.cpu())).sum())
+    assert n_diff == 0, f"epilogue: {n_diff} of {y.numel()} differ"
     e = fp8_gemm(a, b, out_dtype=out_dtype, backend="emulated")
-    n_diff = int((bits(y.cpu()) != bits(e.cpu())).sum())
-    assert n_diff == 0, f"{n_diff} of {y.numel()} differ; max abs {(y.float() - e.float()).abs().max().item()}"
+    A = a.data.view(torch.float8_e4m3fn).double() * a.scale_inv.double().repeat_interleave(128, 1)[:, :K]
+    B = b.data.view(torch.float8_e4m3fn).double() * b.scale_inv.double().repeat_interleave(128, 1)[:, :K]
+    bound = (A.abs() @ B.abs().t()) * 2.0 ** -6 + 1e-30
+    assert torch.all((y.double() - e.double()).abs() <= bound)

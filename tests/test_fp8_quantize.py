@@ -699,7 +699,9 @@ def test_cuda_matches_cpu(recipe, block, fmt, pow2, dtype):
     for name, t in cpu.raw_parts().items():
         g = getattr(gpu, name).cpu()
         assert same(g, t), f"{name}: {int((bits(g.numpy()) != bits(t.numpy())).sum())} differ"
-    assert same(gpu.dequantize(F32).cpu(), cpu.dequantize(F32))
+    dg, dc = gpu.dequantize(F32).cpu(), cpu.dequantize(F32)
+    assert torch.equal(dg.isnan(), dc.isnan())  # NaN payloads of fp32 arithmetic differ by device
+    assert same(dg[~dc.isnan()], dc[~dc.isnan()])
     x2 = many_scales((384, 640), dtype, 78)
     cpu.requantize_(x2)
     gpu.requantize_(x2)  # a CPU source is moved to the tensor's device

@@ -9,9 +9,10 @@ Usage::
 
     results = launch(work, LaunchConfig(world_size=4), 8)   # [result of rank 0, rank 1, ...]
 
-``fn`` and its arguments must be picklable (``fn`` defined at module top level): each rank is a fresh
-interpreter started with the ``spawn`` method, never ``fork`` (torch keeps threads that ``fork``
-does not copy). In every rank the determinism environment is applied *before*
+``fn`` and its arguments must be picklable (``fn`` defined at module top level). Each rank is a
+fresh interpreter (``spawn``, the default) or a child of a fork server that imported torch once
+(``start_method="forkserver"``: much faster starts); never a plain ``fork`` of the caller, whose
+torch threads a fork would not copy. In every rank the determinism environment is applied *before*
 ``init_process_group``, so communicators and cuBLAS see it.
 
 Failure handling. The parent watches every rank. The first rank that raises, exits non-zero, is
@@ -19,17 +20,19 @@ killed, or exits without returning a result ends the run: the parent terminates 
 (SIGTERM, then SIGKILL after ``grace_s``), reaps them, and raises :class:`RankFailure` naming the
 failed rank, its exit code or signal and its exception text. A rank blocked in a collective whose
 peer died therefore never holds the run up. An overall watchdog (``deadline_s``) ends runs in which
-a rank hangs. Ranks kill themselves if the parent dies (``PR_SET_PDEATHSIG`` on Linux, plus a
-thread that polls the parent pid). A rank's exception travels to the parent as text; neither the
-rank nor the parent prints a traceback.
+a rank hangs. Ranks exit by themselves if the parent dies (a pipe whose EOF they watch, plus
+``PR_SET_PDEATHSIG`` on Linux for spawned ranks). A rank's exception travels to the parent as text;
+neither the rank nor the parent prints a traceback.
 
 The rendezvous store is a ``TCPStore`` served by the parent on a port the OS picks when it binds,
-so concurrent launches never race for a port.
+so concurrent launches never race for a port. Ranks leave with ``os._exit`` once their result is
+sent: ``atexit`` handlers do not run in ranks.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import pickle
 import signal
@@ -162,7 +165,8 @@ class FailedRank:
     reason: str
     """One line: what happened."""
     exitcode: int | None = None
-    """Process exit code; negative: killed by that signal; None: still running when stopped."""
+    """How the process ended: exit code, or minus the signal number (e.g. -15 after the launcher's
+    SIGTERM for a rank that missed the deadline)."""
     error: str | None = None
     """``ExceptionType: message`` when the rank raised."""
     traceback: str | None = None
@@ -544,11 +548,7 @@ class _Monitor:
         self.drain(rank)
         code = proc.exitcode
         if rank in self.errors:
-            self.failures = [
-                FailedRank(rank=f.rank, reason=f.reason, exitcode=code, error=f.error, traceback=f.traceback)
-                if f.rank == rank else f
-                for f in self.failures
-            ]
+            self.failures = [dataclasses.replace(f, exitcode=code) if f.rank == rank else f for f in self.failures]
         elif code == 0 and rank in self.results:
             self.finished.add(rank)
         elif code == 0:
@@ -663,5 +663,9 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
     if mon.failures:
         pids = {rank: proc.pid for rank, proc in mon.procs.items()}
         stopped = [r for r in stopped if r not in mon.failed_ranks()]
-        raise RankFailure(mon.failures, stopped, pids)
+        failures = [  # every rank is reaped now: record how each failed one ended
+            f if f.exitcode is not None else dataclasses.replace(f, exitcode=mon.procs[f.rank].exitcode)
+            for f in mon.failures
+        ]
+        raise RankFailure(failures, stopped, pids)
     return [mon.results[rank] for rank in range(cfg.world_size)]

@@ -1,19 +1,33 @@
 """Block-scaled FP8 GEMM: ``a @ b^T`` on canonical operands, emulated or through torch's scaled_mm.
 
-The emulated backend is the model of cuBLAS's block-scaled GEMM that TE's exact GEMM test asserts
-(te.md section 4): for each K block in increasing order,
+The emulated backend is a model of cuBLAS's block-scaled GEMM (te.md section 4): for each K block,
+in increasing order,
 
-    p  = RN32(exact dot product of the fp8 values over the block)
-    y  = fma32(RN32(p * s_first), s_second, y)        (y starts at +0)
+    p = RN32(exact dot product of the fp8 values over the block)
+    1D x 1D operands (1x128 x 1x128, mxfp8):   y = fma32(RN32(p * s_a), s_b, y)
+    a 128x128-tiled operand on either side:    y = fma32(p, RN32(s_a * s_b), y)
 
-where s_first is the scale of the 1D-scaled operand (a, unless a is 128x128-tiled and b is not) and
-s_second the other one; finally ``y`` is rounded to ``out_dtype``. With ``accumulate_into`` the
-result is ``y.to(out_dtype) + accumulate_into`` (cuBLAS converts to the output dtype first), written
-back into ``accumulate_into``.
+(y starts at +0), and finally ``y`` is rounded to ``out_dtype``. With ``accumulate_into`` the
+result is ``y.to(out_dtype) + accumulate_into`` (cuBLAS converts to the output dtype first),
+written back into ``accumulate_into``.
 
-Every step is computed exactly in float64 and rounded once to fp32 (see ``_round_to_f32``), so the
-emulated result is a pure function of the operands: it does not depend on the thread count, the
-BLAS library or the device.
+The scale rule was measured on an H200 (torch 2.11 + cuBLAS 13.0, ``F.scaled_mm``), feeding the
+model the hardware's own per-block partials: with non-power-of-two scales the 1Dx1D rule above and
+the scale-product rule for 1Dx2D / 2Dx1D reproduced every output bit, while TE's reference order
+(``fma(RN32(p*s_1D), s_other, y)``, te.md 4) did not for the 2D pairs (~50% of fp32 outputs
+differed). With power-of-two scales (TE's default and the only setting TE's exact GEMM test uses)
+all orders give the same bits.
+
+What the model does NOT reproduce is the hardware's per-block dot product: Hopper's FP8 tensor
+cores accumulate a 128-long dot in reduced precision (products aligned to the largest one, about
+14 fraction bits kept), so ``p`` differs from the correctly rounded exact dot in almost every
+element (measured: ~99% of partials; relative to the largest product, errors up to ~2^-7). The
+emulation is therefore a deterministic, device-independent *model*, not a bit-exact replay of a
+GPU: emulated and ``scaled_mm`` outputs agree to about 2^-10 relative, not bitwise.
+
+Every step of the model is computed exactly in float64 and rounded once to fp32 (see
+``_round_to_f32``), so its result is a pure function of the operands: it does not depend on the
+thread count, the BLAS library or the device.
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ import torch
 
 from .formats import E4M3, E5M2, FP8_TORCH_DTYPE, canonical_fp8_dtype
 
-__all__ = ["Operand", "fp8_gemm", "scaled_mm_supported", "BACKENDS"]
+__all__ = ["Operand", "fp8_gemm", "scaled_mm_supported", "accumulate_blocks", "BACKENDS"]
 
 BACKENDS = ("auto", "emulated", "scaled_mm")
 
@@ -185,26 +199,46 @@ def _block_dots(a: Operand, b: Operand, kb0: int, kb1: int) -> torch.Tensor:
     return _round_to_f32(hi, lo)
 
 
+def _scale_product_rule(a: Operand, b: Operand) -> bool:
+    """True when a 128x128-tiled operand is involved: y = fma(p, RN32(s_a * s_b), y)."""
+    return a.tile_2d is not None or b.tile_2d is not None
+
+
+def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, kb0: int = 0,
+                      y: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Scale-and-accumulate epilogue of the model for fp32 block partials ``partials[kb, m, n]``
+    (blocks kb0, kb0+1, ... in order), continuing from ``y`` (fp32 [M, N], default +0).
+
+    Returns fp32 ``y`` when ``out_dtype`` is None, else ``y.to(out_dtype)``. Public so the
+    epilogue can be checked against hardware-computed partials on a GPU.
+    """
+    M, N = a.data.shape[0], b.data.shape[0]
+    if y is None:
+        y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
+    product_rule = _scale_product_rule(a, b)
+    for i in range(partials.shape[0]):
+        kb = kb0 + i
+        sa = a.scale_inv[:, kb : kb + 1]       # [M, 1]
+        sb = b.scale_inv[:, kb].unsqueeze(0)   # [1, N]
+        if product_rule:
+            y = _fma32(partials[i], _mul32(sa, sb), y)
+        else:
+            y = _fma32(_mul32(partials[i], sa), sb, y)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
 def _emulated(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     _check_exact_bits(a.fp8_dtype, b.fp8_dtype, a.block_len)
-    M, K = a.data.shape
+    M = a.data.shape[0]
     N = b.data.shape[0]
     Kb = a.scale_inv.shape[1]
-    device = a.data.device
-    # 1D-scaled operand's scale first (TE's cuBLAS model): only "a 2D-tiled, b 1D" swaps the order.
-    b_first = a.tile_2d is not None and b.tile_2d is None
-    y = torch.zeros(M, N, dtype=torch.float32, device=device)
+    y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
     # bound the float64 workspace (pieces x chunk x M x N) to ~64 MiB
     pieces = len(_PIECE_BITS[a.fp8_dtype]) * len(_PIECE_BITS[b.fp8_dtype])
     chunk = max(1, (64 << 20) // max(1, 8 * pieces * M * N))
-    for c0 in range(0, Kb, chunk):
+    for c0 in range(0, Kb, chunk):  # fixed, increasing K order
         c1 = min(Kb, c0 + chunk)
-        p = _block_dots(a, b, c0, c1)
-        for kb in range(c0, c1):  # fixed, increasing K order
-            sa = a.scale_inv[:, kb : kb + 1]  # [M, 1]
-            sb = b.scale_inv[:, kb].unsqueeze(0)  # [1, N]
-            first, second = (sb, sa) if b_first else (sa, sb)
-            y = _fma32(_mul32(p[kb - c0], first), second, y)
+        y = accumulate_blocks(_block_dots(a, b, c0, c1), a, b, None, kb0=c0, y=y)
     return y.to(out_dtype)
 
 

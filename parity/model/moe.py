@@ -94,7 +94,7 @@ class MoE(nn.Module):
         y = torch.cat(pieces)[torch.argsort(torch.cat(where))]
 
         y = _AllToAll.apply(y, recv_counts, send_counts, self.ep_group)
-        per_slot = torch.empty_like(y)
-        per_slot = per_slot.index_copy(0, order, y).reshape(T, k, -1)
+        # Back to (token, slot) order with a gather: deterministic on every device.
+        per_slot = y[torch.argsort(order)].reshape(T, k, -1)
         out = (per_slot.float() * weights.unsqueeze(-1)).sum(dim=1)
         return out.to(h.dtype).reshape(shape)
