@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -23,6 +24,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="parity", description="Bitwise-parity verification harness for distributed "
                 "FP8 training: Muon FP8 param gather ON vs OFF, in lockstep, bit for bit.")
@@ -32,19 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                    help="scenario names or .toml files (default: the 'default' scenario)")
     r.add_argument("--recipe", choices=("blockwise", "mxfp8"))
-    r.add_argument("--ep", type=int, help="expert-parallel size (implies --moe)")
-    r.add_argument("--dp", type=int, help="data-parallel size (= world size)")
-    r.add_argument("--world", type=int, help="number of ranks")
+    r.add_argument("--ep", type=_positive_int, help="expert-parallel size (implies --moe)")
+    r.add_argument("--dp", type=_positive_int, help="data-parallel size (= world size)")
+    r.add_argument("--world", type=_positive_int, help="number of ranks")
     r.add_argument("--overlap", action="store_true", default=None,
                    help="overlap grad reduce and param gather (deferred gather)")
     r.add_argument("--no-overlap", dest="overlap", action="store_false")
     r.add_argument("--moe", action="store_true", default=None)
     r.add_argument("--layout", choices=("compact", "padded"))
     r.add_argument("--pair", choices=("fp8_param_gather", "overlap_param_gather", "force_sync"))
-    r.add_argument("--steps", type=int)
-    r.add_argument("--lr", type=float)
+    r.add_argument("--steps", type=_positive_int)
+    r.add_argument("--lr", type=_positive_float)
     r.add_argument("--seed", type=int)
-    r.add_argument("--bucket-size", type=int)
+    r.add_argument("--bucket-size", type=_positive_int)
     r.add_argument("--device", choices=("cpu", "cuda"))
     r.add_argument("--out", default="out", help="output directory (default: ./out)")
     r.add_argument("--snapshot", choices=("none", "divergent", "all"), default="divergent")
@@ -57,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fail-fast", action="store_true")
     r.add_argument("--inject", action="append", default=[], metavar="FAULT",
                    help="ulp:STEP:PHASE:PARAM | crash:RANK:STEP | hang:RANK:STEP | a catalogue fault")
-    r.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds")
+    r.add_argument("--timeout", type=_positive_float, default=60.0, help="collective timeout in seconds")
     r.add_argument("--allow-nondeterministic", action="store_true",
                    help="run even if the determinism environment contradicts the contract")
     r.add_argument("--quiet", action="store_true")
@@ -85,11 +106,25 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("selftest", help="inject every catalogued fault and show each is caught")
     s.add_argument("faults", nargs="*")
     s.add_argument("--out", default="out/selftest")
+    p.subcommands = {"run": r, "golden": g, "diff": d, "triage": t, "selftest": s}
     return p
 
 
+def _one_line(text: str, limit: int = 2000) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _sigterm_as_interrupt(signum, frame):
+    # A CI runner cancels with SIGTERM: unwind like Ctrl-C, so ranks are stopped and reaped and
+    # partial golden writes are cleaned up (ranks also die with us by PR_SET_PDEATHSIG).
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
-    from parity.harness.errors import ParityError
+    import signal
+
+    from parity.harness.errors import ParityError, UsageError
 
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -98,18 +133,53 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        previous_sigterm, restore = signal.signal(signal.SIGTERM, _sigterm_as_interrupt), True
+    except ValueError:  # not the main thread (main() called from a test or an embedding program)
+        previous_sigterm, restore = None, False
+    try:
         return COMMANDS[args.cmd](args, argv)
     except ParityError as e:
-        print(f"parity: {e}", file=sys.stderr)
+        if isinstance(e, UsageError) and args.cmd in getattr(parser, "subcommands", {}):
+            parser.subcommands[args.cmd].print_usage(sys.stderr)
+        print(f"parity: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_RUNTIME
+    except Exception as e:  # never a traceback for the user; PARITY_DEBUG=1 shows it
+        from parity.dist.determinism import DeterminismError
+
+        if isinstance(e, DeterminismError):
+            print(f"parity: {_one_line(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        if os.environ.get("PARITY_DEBUG"):
+            raise
+        print(f"parity: internal error: {type(e).__name__}: {_one_line(e, 500)} "
+              f"(rerun with PARITY_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_RUNTIME
+    finally:
+        if restore:
+            signal.signal(signal.SIGTERM, previous_sigterm if previous_sigterm is not None else signal.SIG_DFL)
+
+
+def _load_file(path: str):
+    """load_file, with anything a malformed file makes it raise turned into a ConfigError."""
+    from parity.harness.errors import ConfigError, ParityError
+    from parity.harness.scenario import load_file
+
+    try:
+        return load_file(path)
+    except ParityError:
+        raise
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise ConfigError(f"{path}: invalid scenario file: {type(e).__name__}: {_one_line(e, 300)}") from None
 
 
 def _resolve(names: list[str]):
-    from parity.harness.errors import ConfigError
-    from parity.harness.scenario import load_all, load_file
+    from parity.harness.errors import UsageError
+    from parity.harness.scenario import load_all
 
     if not names:
         names = [DEFAULT_SCENARIO]
@@ -117,13 +187,13 @@ def _resolve(names: list[str]):
     out = []
     for n in names:
         if n.endswith(".toml") or os.path.sep in n:
-            out += load_file(n)
+            out += _load_file(n)
             continue
         known = known if known is not None else {s.name: s for s in load_all()}
         if n not in known:
             close = [k for k in known if n in k][:8]
-            raise ConfigError(f"unknown scenario {n!r}" + (f"; did you mean: {', '.join(close)}" if close else
-                                                           "; `parity list` shows them"))
+            raise UsageError(f"unknown scenario {n!r}" + (f"; did you mean: {', '.join(close)}" if close else
+                                                          "; `parity list` shows them"))
         out.append(known[n])
     return out
 
@@ -142,7 +212,7 @@ def _apply_overrides(s, args):
             changed[key] = v
     if args.dp is not None and args.world is not None and args.dp != args.world:
         raise UsageError("--dp and --world must agree (TP = PP = CP = 1: the world is data parallel)")
-    world = args.world or args.dp
+    world = args.world if args.world is not None else args.dp
     if world is not None:
         changed["world"] = world
     if changed.get("ep", 1) > 1:
@@ -160,15 +230,21 @@ def _apply_overrides(s, args):
 
 def cmd_run(args, argv) -> int:
     from parity.harness import report as rep
-    from parity.harness.errors import ParityError, UsageError
+    from parity.harness.errors import RuntimeFailure
     from parity.harness.faults import parse_injection
     from parity.harness.run import run_scenario
     from parity.harness.runner import RunOptions
     from parity.harness.platform import platform_fingerprint
 
+    _check_determinism_env(args.allow_nondeterministic)
     injections = tuple(parse_injection(s) for s in args.inject)
     scenarios = [_apply_overrides(s, args) for s in _resolve(args.scenarios)]
+    _check_injections(injections, scenarios)
     out = _prepare_out(args.out)
+    if args.junit:
+        _check_writable_file(args.junit, "--junit")
+    if args.golden == "check":
+        _precheck_goldens(scenarios, args.goldens, args.allow_other_platform)
     opts = RunOptions(injections=injections, snapshot=args.snapshot, out_dir=out,
                       fail_fast=args.fail_fast, golden_digests=args.golden == "check",
                       progress=not args.quiet)
@@ -189,7 +265,10 @@ def cmd_run(args, argv) -> int:
             break
     meta = {"version": _version(), "argv": ["parity"] + list(argv),
             "platform": platform_fingerprint(scenarios[0].device, "nccl" if scenarios[0].device == "cuda" else "gloo")}
-    rep.write_reports(out, entries, meta, args.junit)
+    try:
+        rep.write_reports(out, entries, meta, args.junit)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot write the report to {out!r}: {e.strerror or e}") from None
     status = rep.overall_status(entries)
     print(f"[parity] {status}: {sum(e['status'] == 'pass' for e in entries)}/{len(entries)} scenarios "
           f"passed; report: {os.path.join(out, 'report.json')}")
@@ -204,8 +283,9 @@ def _print_entry(e, quiet):
     line += ")"
     print(line, flush=True)
     if fd:
+        from parity.harness.report import fmt_ulp
         print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']}"
-              f" (max {fd['max_ulp']} ULP, {fd['n_diff']} elements differ)")
+              f" (max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements differ)")
     if e.get("missing_phases"):
         print(f"  phases never compared: {', '.join(e['missing_phases'])}")
     for msg in e.get("golden_messages", [])[:5]:
@@ -216,18 +296,96 @@ def _print_entry(e, quiet):
         print(f"  error: {e.get('error')}")
 
 
-def _prepare_out(path: str) -> str:
+def _prepare_out(path: str, what: str = "output directory") -> str:
     from parity.harness.errors import UsageError
 
     try:
         os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".parity-write-probe")
+        probe = os.path.join(path, f".parity-write-probe-{os.getpid()}")
         with open(probe, "w") as f:
             f.write("x")
+            f.flush()
+            os.fsync(f.fileno())
         os.unlink(probe)
     except OSError as e:
-        raise UsageError(f"output directory {path!r} is not writable: {e.strerror}") from None
+        raise UsageError(f"{what} {path!r} is not writable: {e.strerror or e}") from None
     return path
+
+
+def _check_writable_file(path: str, what: str) -> None:
+    """A file the run will write at the end (e.g. --junit): its directory must exist and take files."""
+    from parity.harness.errors import UsageError
+
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path!r} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{what} {path!r}: directory {parent!r} does not exist")
+    _prepare_out(parent, f"{what} directory")
+
+
+def _check_determinism_env(allow: bool) -> None:
+    """Refuse a determinism environment that contradicts the contract before any rank starts
+    (the ranks and the launcher check it too, but only after the scenarios are loaded)."""
+    from parity.dist.determinism import validate_determinism_env
+    from parity.harness.errors import ConfigError
+
+    violations = validate_determinism_env(os.environ)
+    if not violations:
+        return
+    if allow:
+        print(f"parity: warning: --allow-nondeterministic: running with {'; '.join(violations)}",
+              file=sys.stderr)
+        return
+    raise ConfigError(f"nondeterministic environment: {'; '.join(violations)} (unset these variables or "
+                      f"set an accepted value; --allow-nondeterministic runs anyway)")
+
+
+def _check_injections(injections, scenarios) -> None:
+    """An injection that can never fire would make a fault test pass vacuously."""
+    from parity.harness.errors import UsageError
+
+    for inj in injections:
+        for s in scenarios:
+            if inj.kind in ("crash", "hang") and not 0 <= inj.rank < s.world:
+                raise UsageError(f"--inject {inj}: scenario {s.name} has no rank {inj.rank} "
+                                 f"(world {s.world}: ranks 0..{s.world - 1})")
+            if inj.kind in ("crash", "hang", "ulp") and not 0 <= inj.step < s.steps:
+                raise UsageError(f"--inject {inj}: scenario {s.name} has no step {inj.step} "
+                                 f"({s.steps} steps: 0..{s.steps - 1})")
+
+
+def _precheck_goldens(scenarios, root, allow_other_platform: bool = False) -> None:
+    """Before anything runs: each scenario's golden must exist and load (manifest well formed,
+    tensor files intact, same platform, same scenario config). Bad input exits 2 now instead of
+    after a whole run."""
+    from pathlib import Path
+
+    from parity.harness.errors import GoldenError, UsageError
+    from parity.harness.golden import list_goldens, load_golden
+    from parity.harness.goldens_cli import default_root
+    from parity.harness.platform import platform_fingerprint, platform_id
+
+    root = Path(root) if root else default_root()
+    refs = list_goldens(root)
+    problems = []
+    for s in scenarios:
+        fp = platform_fingerprint(s.device, "nccl" if s.device == "cuda" else "gloo")
+        pid = platform_id(fp)
+        have = [r.platform_id for r in refs if r.scenario == s.name]
+        if allow_other_platform and have and pid not in have:
+            pid = have[0]
+        try:
+            load_golden(root, s.name, pid, platform=fp, scenario_fingerprint=s.fingerprint(),
+                        allow_other_platform=allow_other_platform)
+        except GoldenError as e:
+            problems.append(str(e))
+        except UsageError as e:  # a name that cannot be a golden directory
+            problems.append(f"scenario {s.name!r} cannot have a golden: {e} (command-line overrides "
+                            f"rename a scenario; check goldens of scenarios as their files define them)")
+    if problems:
+        more = f" (and {len(problems) - 1} more unusable golden(s))" if len(problems) > 1 else ""
+        raise GoldenError(problems[0] + more)
 
 
 def _version() -> str:
@@ -245,8 +403,25 @@ def cmd_list(args, argv) -> int:
 
 
 def cmd_golden(args, argv) -> int:
-    from parity.harness.goldens_cli import golden_command
+    from parity.harness.goldens_cli import golden_command, default_root
+
+    if args.action in ("check", "regen"):
+        _check_determinism_env(False)
+        if args.action == "check":
+            _precheck_goldens(_golden_selection(args), args.goldens)
+        if args.action == "regen":
+            _prepare_out(str(args.goldens or default_root()), "goldens directory")
     return golden_command(args, _resolve)
+
+
+def _golden_selection(args):
+    """The scenarios `parity golden check|regen` works on (as goldens_cli selects them)."""
+    from parity.harness.scenario import load_all
+
+    scenarios = _resolve(args.scenarios) if args.scenarios else load_all()
+    if args.device:
+        scenarios = [s for s in scenarios if s.device == args.device]
+    return scenarios
 
 
 def cmd_diff(args, argv) -> int:

@@ -7,6 +7,7 @@ rank starts in ~0.1 s instead of ~1-2 s, and the failure handling is the same co
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -47,6 +48,7 @@ def _sum_ranks(ctx, scale):
         "nccl_algo": os.environ.get("NCCL_ALGO"),
         "extra": os.environ.get("PARITY_TEST_EXTRA"),
         "applied": ctx.determinism["env"]["CUBLAS_WORKSPACE_CONFIG"],
+        "launcher": ctx.launcher,
     }
 
 
@@ -138,7 +140,7 @@ def test_launch_results_in_rank_order(world_size, start_method, capfd):
         assert r["device"] == "cpu"
         assert r["deterministic"] is True and r["threads"] == 1
         assert r["nccl_algo"] == "Ring" and r["applied"] == ":4096:8"
-        assert r["extra"] == "yes"
+        assert r["extra"] == "yes" and r["launcher"] == start_method
     _assert_no_orphans([r["pid"] for r in results])
     out = capfd.readouterr().out
     for rank in range(world_size):
@@ -227,6 +229,26 @@ def test_ranks_die_with_their_parent(start_method, tmp_path):
     assert all(_gone(pid) for pid in pids), f"orphaned ranks: {[p for p in pids if not _gone(p)]}"
 
 
+def test_cause_first_ordering():
+    """Events seen together: a silent death outranks the peer errors it caused; raisers by time."""
+    from parity.dist.launch import _Monitor
+
+    mon = _Monitor(world_size=4)
+    mon.errors[0] = ("RuntimeError: Connection closed by peer", "tb0", 200.0)
+    mon.fail(0, None)
+    mon.errors[3] = ("ValueError: first", "tb3", 100.0)
+    mon.fail(3, None)
+    mon.fail(1, 7)
+    mon.cause_first()
+    assert [f.rank for f in mon.failures] == [1, 3, 0]
+    assert mon.failures[0].reason == "exited with code 7"
+    assert mon.failures[1].reason == "raised ValueError: first"
+    mon.deadline_missed.add(2)
+    mon.fail(2, None, "did not finish within deadline_s=1 s")
+    mon.cause_first()
+    assert [f.rank for f in mon.failures] == [2, 1, 3, 0]
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals before anything starts, configuration, torchrun
 # ---------------------------------------------------------------------------------------------
@@ -274,13 +296,14 @@ def test_free_port():
 def test_runs_unchanged_under_torchrun(tmp_path):
     script = textwrap.dedent(
         f"""
-        import sys
+        import json, sys
         sys.path[:0] = [{str(REPO)!r}, {str(TESTS_DIR)!r}]
         from parity.dist.launch import LaunchConfig, launch
         from test_dist_launch import _sum_ranks
         if __name__ == "__main__":
             (result,) = launch(_sum_ranks, LaunchConfig(world_size=2), 1.0)
-            print("RESULT", result["rank"], result["sum"], result["nccl_algo"], result["threads"], flush=True)
+            with open({str(tmp_path)!r} + f"/result{{result['rank']}}.json", "w") as f:
+                json.dump(result, f)
         """
     )
     path = tmp_path / "under_torchrun.py"
@@ -292,5 +315,8 @@ def test_runs_unchanged_under_torchrun(tmp_path):
         capture_output=True, text=True, timeout=120, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = sorted(line for line in proc.stdout.splitlines() if "RESULT" in line)
-    assert [line.split("RESULT ", 1)[1] for line in lines] == ["0 3.0 Ring 1", "1 3.0 Ring 1"]
+    results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in range(2)]
+    for rank, result in enumerate(results):
+        assert result["rank"] == rank and result["world_size"] == 2 and result["sum"] == 3.0
+        assert result["nccl_algo"] == "Ring" and result["threads"] == 1 and result["deterministic"] is True
+    assert results[0]["pid"] != results[1]["pid"]

@@ -155,7 +155,11 @@ class DDP:
             if force_sync and g.param_gather_handle is not None:
                 # A gather is pending: finish it now, or params stay stale and the payload
                 # stays in grad_data (the force_sync fix).
-                if "force-sync-stale" not in self.faults:
+                if "force-sync-stale" in self.faults:
+                    g.param_gather_handle = None  # waited, but no copy-back and no zeroing
+                    for b in g.buckets:
+                        b.gather_slots = None
+                else:
                     self._finalize(g)
                 continue
             self._dispatch(g)

@@ -115,6 +115,14 @@ def validate_determinism_env(env: Mapping[str, str]) -> list[str]:
     if cublas is not None and cublas.strip() not in ACCEPTED_CUBLAS_WORKSPACE_CONFIGS:
         accepted = " or ".join(repr(v) for v in sorted(ACCEPTED_CUBLAS_WORKSPACE_CONFIGS))
         violations.append(f"CUBLAS_WORKSPACE_CONFIG={cublas!r}: accepted: {accepted}")
+    # Fail closed: every other variable of the contract (e.g. CUDA_DEVICE_MAX_CONNECTIONS) has
+    # exactly its default as accepted value; a contradicting value is a violation, not a pass.
+    for name, good in DETERMINISM_ENV.items():
+        if name in _SINGLE_VALUED or name in ("NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG"):
+            continue
+        value = env.get(name)
+        if value is not None and value.strip() != good:
+            violations.append(f"{name}={value!r}: accepted: {good!r}")
     return violations
 
 

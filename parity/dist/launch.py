@@ -152,7 +152,7 @@ class RankContext:
     device: torch.device
     backend: str
     launcher: str
-    """"spawn" (ranks started by :func:`launch`) or "torchrun"."""
+    """How this rank was started: "spawn" or "forkserver" (by :func:`launch`), or "torchrun"."""
     determinism: dict[str, Any]
     """What :func:`~parity.dist.determinism.apply_determinism` applied in this rank."""
 
@@ -371,10 +371,9 @@ def _die_with_parent(lifeline: connection.Connection, parent_pid: int | None) ->
 
     ``lifeline`` is this rank's end of a socket pair whose other end only the launching process
     holds and never writes to: it turns readable (EOF) exactly when that process is gone, however
-    it went. This also covers "forkserver" ranks, whose OS parent is the fork server, and which
-    the fork server cannot outlive anyway (each rank holds the server's keep-alive descriptor).
-    With "spawn" the launching process is the OS parent, and ``PR_SET_PDEATHSIG`` (Linux) kills
-    the rank with no delay.
+    it went. This also covers "forkserver" ranks, whose OS parent is the fork server (the server
+    exits once the launching process and all its ranks are gone). With "spawn" the launching
+    process is the OS parent, and ``PR_SET_PDEATHSIG`` (Linux) also kills the rank at once.
     """
     if parent_pid is not None:
         if sys.platform.startswith("linux"):
@@ -454,7 +453,7 @@ def _rank_main(
         conn.send_bytes(pickle.dumps(("ready", None)))
         ctx = RankContext(
             rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
-            device=device, backend=cfg.backend, launcher="spawn", determinism=applied,
+            device=device, backend=cfg.backend, launcher=cfg.start_method, determinism=applied,
         )
         result = fn(ctx, *args)
         try:
@@ -464,7 +463,7 @@ def _rank_main(
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: report, then leave
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         try:
-            conn.send_bytes(pickle.dumps(("error", (summary, traceback.format_exc()))))
+            conn.send_bytes(pickle.dumps(("error", (summary, traceback.format_exc(), time.time()))))
         except Exception:
             pass  # parent gone or pipe broken: the exit code still tells
         _exit(1)
@@ -503,9 +502,10 @@ class _Monitor:
         self.conns: dict[int, connection.Connection] = {}
         self.ready: set[int] = set()
         self.results: dict[int, Any] = {}
-        self.errors: dict[int, tuple[str, str]] = {}
+        self.errors: dict[int, tuple[str, str, float]] = {}  # summary, traceback, when (wall clock)
         self.finished: set[int] = set()  # exited 0 after delivering a result
         self.failures: list[FailedRank] = []
+        self.deadline_missed: set[int] = set()
         self.world_size = world_size
 
     def pending(self) -> list[int]:
@@ -536,10 +536,30 @@ class _Monitor:
     def fail(self, rank: int, exitcode: int | None, reason: str | None = None) -> None:
         if rank in self.failed_ranks():
             return
-        error, tb = self.errors.get(rank, (None, None))
+        error, tb, _ = self.errors.get(rank, (None, None, None))
         if reason is None:
             reason = f"raised {error}" if error else _describe_exit(exitcode)
         self.failures.append(FailedRank(rank=rank, reason=reason, exitcode=exitcode, error=error, traceback=tb))
+
+    def cause_first(self) -> None:
+        """Order ``failures`` so the likely cause of the run's end comes first.
+
+        The parent may see events in another order than they happened: a rank's exit status
+        can reach it after the errors its death caused in its peers ("connection closed by
+        peer"), in particular through a fork server, which relays exit statuses. So: ranks that
+        missed the deadline first (the watchdog's reason to stop), then ranks that ended without
+        reporting an error (exit code, signal), then ranks that raised, in the order they raised.
+        """
+
+        def key(item: tuple[int, FailedRank]) -> tuple[int, float, int]:
+            seen, f = item
+            if f.rank in self.deadline_missed:
+                return (0, 0.0, seen)
+            if f.rank not in self.errors:
+                return (1, 0.0, seen)
+            return (2, self.errors[f.rank][2], seen)
+
+        self.failures = [f for _, f in sorted(enumerate(self.failures), key=key)]
 
     def on_exit(self, rank: int) -> None:
         """Rank ``rank``'s process has ended."""
@@ -614,7 +634,6 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
         except Exception:
             pass
     std_fds = (_InheritedFd(1), _InheritedFd(2))
-    stopped: list[int] = []
     try:
         for rank in range(cfg.world_size):
             # Duplex: the rank watches its end for EOF to notice the parent's death.
@@ -636,6 +655,7 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
                         phase = "exiting after it returned its result"
                     else:
                         phase = "running fn" if rank in mon.ready else "starting up"
+                    mon.deadline_missed.add(rank)
                     mon.fail(rank, None, f"did not finish within deadline_s={cfg.deadline_s} s (hung while {phase})")
                 break
             waitables: dict[Any, tuple[str, int]] = {}
@@ -652,20 +672,31 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
                 if kind == "exit" and mon.procs[rank].exitcode is not None and rank in mon.pending():
                     mon.on_exit(rank)
     finally:
-        failed_first = [f.rank for f in mon.failures]
-        stopped = [r for r in _stop(mon.procs, cfg.grace_s) if r not in failed_first]
+        signalled = _stop(mon.procs, cfg.grace_s)
         for rank in list(mon.conns):
-            mon.drain(rank)  # errors the stopped ranks reported before they went (listed as "also")
+            mon.drain(rank)  # errors that ranks reported before they were stopped
         for conn in mon.conns.values():
             conn.close()
         del store
 
+    # Every rank is reaped now. Ranks that ended by themselves without being recorded yet (their
+    # exit status came late) are failures too; the ones that ended by the launcher's signals were
+    # stopped.
+    stopped: list[int] = []
+    by_launcher = (-signal.SIGTERM, -signal.SIGKILL)
+    for rank, proc in mon.procs.items():
+        if rank in mon.finished or rank in mon.failed_ranks():
+            continue
+        if rank in signalled and proc.exitcode in by_launcher:
+            stopped.append(rank)
+        elif not (proc.exitcode == 0 and rank in mon.results):  # (a normal end just as we stopped)
+            mon.on_exit(rank)
     if mon.failures:
-        pids = {rank: proc.pid for rank, proc in mon.procs.items()}
-        stopped = [r for r in stopped if r not in mon.failed_ranks()]
-        failures = [  # every rank is reaped now: record how each failed one ended
+        mon.cause_first()
+        failures = [
             f if f.exitcode is not None else dataclasses.replace(f, exitcode=mon.procs[f.rank].exitcode)
             for f in mon.failures
         ]
+        pids = {rank: proc.pid for rank, proc in mon.procs.items()}
         raise RankFailure(failures, stopped, pids)
     return [mon.results[rank] for rank in range(cfg.world_size)]

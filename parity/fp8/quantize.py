@@ -145,7 +145,9 @@ def _block_amax(xb: torch.Tensor, dims: tuple):
     """NaN-ignoring amax (fp32) of ``xb`` over ``dims``, plus whether any NaN was seen.
 
     Fast path: max(-min, max) (exact; no |x| temporary). torch's min/max propagate NaN, so a NaN
-    amax flags a block with NaN, and only then the NaN-masked |x| is reduced instead.
+    amax flags a block with NaN, and only then the NaN-masked |x| is reduced instead. (On a GPU the
+    test costs a host sync; measured on an H200 that is still cheaper than the extra passes of an
+    always-masked reduction.)
     """
     mx = xb.amax(dim=dims)
     mn = xb.amin(dim=dims)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 import tempfile
 import xml.etree.ElementTree as ET
 
@@ -28,10 +30,16 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
         tensor = d["path"].split("/", 2)[2].rsplit("/rank", 1)[0]
         first = {"step": d["step"], "phase": d["phase"], "tensor": tensor, "rank": d["rank"],
                  "max_ulp": d.get("max_ulp"), "n_diff": d.get("n_diff")}
+        nonfinite_counts = {k: d[k] for k in ("nan_a", "nan_b", "inf_a", "inf_b") if d.get(k)}
+        if nonfinite_counts:  # NaN/Inf in the differing tensors (a NaN payload difference, ...)
+            first["nonfinite"] = nonfinite_counts
     # Under overlap_grad_reduce grads are reduced while backward runs: no pre-reduce capture.
     overlapped = scenario.overlap or scenario.pair in ("overlap_param_gather", "force_sync")
     missing_phases = [ph for ph in PHASES if by_phase.get(ph, 0) == 0
                       and not (ph == "grad_local" and overlapped)]
+    nonfinite = nonfinite_events(results)
+    if nonfinite:
+        failed_checks.insert(0, _nonfinite_check(nonfinite))
     status = "pass" if not divs and not failed_checks and not missing_phases else "fail"
     steps = results[0]["steps"] if results else []
     return {
@@ -45,6 +53,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
         "n_divergences": len(divs),
         "failed_checks": failed_checks[:20],
         "n_failed_checks": len(failed_checks),
+        "nonfinite": {"first": nonfinite[0], "count": len(nonfinite), "events": nonfinite[:50]}
+        if nonfinite else None,
         "messages": [m for r in results for m in r["messages"]][:30],
         "loss": [{"step": s["step"], "bits": s.get("loss_bits"), "repr": s.get("loss")} for s in steps],
         "buffers": results[0]["buffers"] if results else [],
@@ -55,6 +65,73 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
         "scenario": scenario.to_dict(),
         "divergence_table": _div_table(divs),
     }
+
+
+def fmt_ulp(v) -> str:
+    """A max-ULP value for people: a NaN difference (no distance) reads "NaN"."""
+    from parity.harness.compare import ULP_NAN, ULP_SATURATED
+
+    if v == ULP_NAN:
+        return "NaN"
+    if v == ULP_SATURATED:
+        return ">2^63"
+    return str(v)
+
+
+def _float32_bits(bits) -> float | None:
+    """The float32 value of a '0x........' bit string (as the runner records losses)."""
+    if not isinstance(bits, str) or not bits.startswith("0x") or len(bits) != 10:
+        return None
+    try:
+        return struct.unpack(">f", bytes.fromhex(bits[2:]))[0]
+    except (ValueError, struct.error):
+        return None
+
+
+def _nonfinite_kind(value) -> str | None:
+    if value is None or math.isfinite(value):
+        return None
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+
+
+_SIDE_ORDER = {"ON": 0, "OFF": 1}
+
+
+def nonfinite_events(results: list[dict]) -> list[dict]:
+    """Every NaN or Inf the ranks saw, earliest first: where (step, phase, tensor, rank, side).
+
+    The loss of both stacks (ON and OFF) comes with every step's record. Per-tensor events come
+    from the ranks when they report them: ``result["nonfinite"]``, a list of dicts with step,
+    phase, tensor and, optionally, side, kind, nan and inf counts."""
+    events = []
+    for r in results:
+        for s in r.get("steps", []):
+            for side, key in (("ON", "loss_bits"), ("OFF", "loss_b_bits")):
+                kind = _nonfinite_kind(_float32_bits(s.get(key)))
+                if kind:
+                    events.append({"step": s["step"], "phase": "forward", "tensor": "loss", "rank": r["rank"],
+                                   "side": side, "kind": kind, "bits": s.get(key)})
+        for ev in r.get("nonfinite") or []:
+            events.append({"rank": r["rank"], **ev})
+    events.sort(key=lambda e: (e.get("step", 0), PHASE_ORDER.get(e.get("phase"), 99), e.get("rank", 0),
+                               _SIDE_ORDER.get(e.get("side"), 2), str(e.get("tensor", ""))))
+    return events
+
+
+def _nonfinite_check(events: list[dict]) -> dict:
+    """A failed check: NaN or Inf in training. ON and OFF agreeing bit for bit on NaN proves nothing."""
+    first = events[0]
+    kind = first.get("kind") or ", ".join(f"{n} {k}" for k, n in (("NaN", first.get("nan")), ("Inf", first.get("inf")))
+                                          if n) or "NaN/Inf"
+    sides = sorted({e["side"] for e in events if e.get("side") and
+                    (e.get("step"), e.get("phase"), e.get("tensor"), e.get("rank")) ==
+                    (first.get("step"), first.get("phase"), first.get("tensor"), first.get("rank"))},
+                   key=lambda side: _SIDE_ORDER.get(side, 2))
+    where = f"step {first.get('step')}/{first.get('phase')}/{first.get('tensor')}/rank {first.get('rank')}"
+    return {"step": first.get("step"), "check": "finite", "ok": False, "rank": first.get("rank"),
+            "message": f"non-finite value in training: first at {where}: {kind}"
+                       f"{' in ' + ' and '.join(sides) if sides else ''}; {len(events)} occurrence(s) in all "
+                       f"(parity between NaN/Inf values proves nothing)"}
 
 
 def _div_table(divs) -> list[dict]:
@@ -108,7 +185,7 @@ def summary_md(entries) -> str:
     for e in entries:
         fd = e.get("first_divergence")
         fds = (f"step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} "
-               f"(max {fd['max_ulp']} ULP, {fd['n_diff']} elements)") if fd else "-"
+               f"(max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements)") if fd else "-"
         if e["status"] == "error":
             fds = e.get("error", "")
         elif not fd and e.get("n_failed_checks"):

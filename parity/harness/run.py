@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 import tempfile
+import threading
 import time
 
 from parity.dist.launch import LaunchConfig, RankFailure, launch
@@ -14,19 +17,62 @@ from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
 
 
+_SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
+
+
+def _where(frame) -> tuple[bool, str]:
+    """(waiting in a torch.distributed call?, innermost parity frame) of a main-thread stack."""
+    in_collective, where = False, ""
+    while frame is not None:
+        fn = frame.f_code.co_filename.replace(os.sep, "/")
+        if "/torch/distributed/" in fn:
+            in_collective = True
+        if not where and "/parity/" in fn:
+            where = f"{os.path.basename(fn)}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return in_collective, where
+
+
 def _progress_rank_main(ctx, scenario, opts, progress_dir):
-    """rank_main plus a heartbeat file, so a crash or hang can be placed at a rank and step."""
+    """rank_main plus a heartbeat file, so a crash or hang can be placed at a rank and step.
+
+    Besides the step and phase the runner reports, a watcher thread records whether the main
+    thread is waiting in a torch.distributed call: when a rank hangs, its peers time out *inside a
+    collective* while the hung rank is somewhere else; that tells the culprit from its victims."""
     import parity.harness.runner as runner
 
     path = os.path.join(progress_dir, f"rank_{ctx.rank}.json")
+    state = {"rank": ctx.rank, "step": -1, "phase": "build", "t": time.time(),
+             "in_collective": False, "where": ""}
+    lock = threading.Lock()
+
+    def flush():  # with lock held
+        with open(path + ".tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(path + ".tmp", path)
 
     def beat(step, phase):
-        with open(path + ".tmp", "w") as f:
-            json.dump({"rank": ctx.rank, "step": step, "phase": phase, "t": time.time()}, f)
-        os.replace(path + ".tmp", path)
+        with lock:
+            state.update(step=step, phase=phase, t=time.time())
+            flush()
+
+    main_id = threading.get_ident()
+
+    def watch():
+        while True:
+            time.sleep(_SAMPLE_S)
+            try:
+                in_collective, where = _where(sys._current_frames().get(main_id))
+                with lock:
+                    if (in_collective, where) != (state["in_collective"], state["where"]):
+                        state.update(in_collective=in_collective, where=where)
+                        flush()
+            except Exception:
+                return  # diagnostics only: never disturb the run
 
     runner.HEARTBEAT = beat
     beat(-1, "build")
+    threading.Thread(target=watch, name="parity-progress-watch", daemon=True).start()
     return rank_main(ctx, scenario, opts)
 
 
@@ -72,19 +118,52 @@ _PHASE_RANK = {"build": 0, "start": 1, "forward": 2, "grad_local": 3, "grad_redu
                "optimizer": 5, "param_sync": 6}
 
 
+# What a rank raises when a peer is gone or silent (gloo, NCCL, the c10d store).
+_PEER_ERROR = re.compile(r"timed? ?out|timeout|connection (reset|closed|refused)|broken pipe|"
+                         r"DistNetworkError|DistStoreError|remote process exited", re.IGNORECASE)
+
+
+def _progress(b: dict) -> tuple:
+    return (b.get("step", -1), _PHASE_RANK.get(b.get("phase"), 9))
+
+
 def _place_failure(e: RankFailure, beats: dict) -> dict:
-    """The rank that died is named by the launcher. A hung rank is the one that fell behind:
-    its heartbeat shows the least progress while its peers waited in a collective."""
-    failed = getattr(e, "failures", None) or []
+    """Name the rank that caused the failure, and its step.
+
+    1. A rank that died without raising (crashed, killed, exited) caused it: its peers only lost
+       their connection to it.
+    2. Else a rank that raised for a reason of its own (not a peer timeout or a lost connection).
+    3. Else every failed rank was waiting on a peer: the culprit is a rank that never answered
+       (stopped by the launcher, or still running at the deadline). Prefer one that was not
+       itself waiting in a collective, then the one whose heartbeat shows the least progress.
+    """
+    failed = list(getattr(e, "failures", None) or [])
+    stopped = list(getattr(e, "stopped", None) or [])
     first = failed[0] if failed else None
-    reason = getattr(first, "reason", "failed") if first else "failed"
     rank = getattr(first, "rank", None)
-    if beats:
-        laggard = min(beats.values(), key=lambda b: (b["step"], _PHASE_RANK.get(b["phase"], 9), b["t"]))
-        lead = max(beats.values(), key=lambda b: (b["step"], _PHASE_RANK.get(b["phase"], 9)))
-        dead = first is not None and first.error is None and first.exitcode not in (None, 1)
-        if not dead and (laggard["step"], laggard["phase"]) != (lead["step"], lead["phase"]):
-            rank, reason = laggard["rank"], "stopped answering (hang): its peers timed out waiting"
-    step = beats.get(rank, {}).get("step") if rank is not None else None
-    return {"rank": rank, "step": step, "reason": reason, "launcher": str(e)[:2000],
-            "heartbeats": beats}
+    reason = getattr(first, "reason", "failed") if first else "failed"
+    kind = "error"
+
+    # (a rank that missed the deadline was stopped by the launcher: it did not die by itself)
+    died = [f for f in failed if f.error is None and f.exitcode is not None
+            and not f.reason.startswith("did not finish")]
+    own = [f for f in failed if f.error is not None and not _PEER_ERROR.search(f.error)]
+    if died:
+        rank, reason, kind = died[0].rank, died[0].reason, "crash"
+    elif own:
+        rank, reason = own[0].rank, own[0].reason
+    else:
+        silent = stopped + [f.rank for f in failed if f.error is None and f.exitcode is None]
+        pool = [r for r in silent if r in beats] or list(beats)
+        if pool:
+            rank = min(pool, key=lambda r: (bool(beats[r].get("in_collective")), _progress(beats[r]),
+                                            beats[r].get("t", 0.0)))
+            timed_out = [f.rank for f in failed if f.error is not None]
+            peers = (f"rank(s) {', '.join(map(str, timed_out))} timed out waiting for it" if timed_out
+                     else "it did not finish in time")
+            where = beats[rank].get("where")
+            kind = "hang"
+            reason = f"stopped answering (hang){' in ' + where if where else ''}: {peers}"
+    b = beats.get(rank, {}) if rank is not None else {}
+    return {"rank": rank, "step": b.get("step"), "phase": b.get("phase"), "kind": kind, "reason": reason,
+            "launcher": str(e)[:2000], "heartbeats": beats}

@@ -45,7 +45,7 @@ class Expect:
 
 
 CASES = {
-    "split-grad-buffers": ("w4-dense", Expect("mismatch", phase="grad_reduce")),
+    "split-grad-buffers": ("w4-moe", Expect("mismatch", phase="grad_reduce")),
     "numel-only-ownership": ("w4-dense", Expect("check", check="ownership-agrees", step=-1)),
     "vacuous-param-compare": ("w4-dense", Expect("check", check="nonempty/param_sync", step=0)),
     "zeros-vs-zeros": ("w4-force-sync-pair", Expect("check", check="grad-buffer-clean", step=0)),

@@ -414,6 +414,7 @@ def _enrich_from_snapshots(run: Path, scenario: str, rows: list[dict[str, Any]],
                 wanted.add((int(m.group(1)), int(m.group(2))))
     out = list(rows)
     have = {(r["step"], r["phase"], r["rank"], r["tensor"]) for r in rows}
+    stale: list[str] = []
     for step, rank in sorted(wanted):
         path = d / snapshot_filename(step, rank)
         if not path.is_file():
@@ -441,6 +442,13 @@ def _enrich_from_snapshots(run: Path, scenario: str, rows: list[dict[str, Any]],
             if a is None or b is None:
                 continue
             ulps = _exact_stats(a, b, r["tensor"])
+            if ulps is not None and len(ulps) and r["n_diff"] is not None and (
+                    (len(ulps) < MAX_KEPT_ULPS and len(ulps) != r["n_diff"])
+                    or (r["max_ulp"] is not None and len(ulps) == r["n_diff"] and int(ulps.max()) != r["max_ulp"])):
+                # The snapshot does not hold what the run compared (e.g. a live tensor that was
+                # updated in place before it was saved): the report's statistics stand.
+                stale.append(f"step {step}/{r['phase']}/{r['tensor']}/rank {rank}")
+                continue
             if ulps is not None and len(ulps):
                 exact = r["n_diff"] is None or len(ulps) == r["n_diff"]
                 r["ulps"] = ulps
@@ -460,6 +468,11 @@ def _enrich_from_snapshots(run: Path, scenario: str, rows: list[dict[str, Any]],
                     out.append(_row_from_diff(scenario, step, phase, rank, tname, diff, tensors[kb],
                                               tensors[ka], "snapshot"))
                     have.add((step, phase, rank, tname))
+    if stale:
+        meta["notes"].append(
+            f"{len(stale)} snapshot tensor(s) do not match what the run compared (report statistics kept; "
+            f"their medians are estimated), first: {stale[0]}; a snapshot of a live tensor taken after a "
+            "later phase updated it in place would do this")
     if meta["truncated"]:
         recovered = len(out)
         meta["notes"].append(f"the report's divergence table holds {len(rows)} of {meta['n_divergences']} "
@@ -512,6 +525,14 @@ def _side(tensors: Mapping[str, torch.Tensor], side: str = "A") -> dict[str, tor
     return {k[len(pre):]: v for k, v in tensors.items() if k.startswith(pre)}
 
 
+def _read_side(path: Path, side: str = "A") -> dict[str, torch.Tensor]:
+    """One side's tensors of a snapshot (``phase/name`` keys), without reading the other side."""
+    keys = [k for k in _snap_keys(path) if k.startswith(side + "/")]
+    if not keys:
+        raise SnapshotError(f"snapshot {path} holds no side-{side} tensors")
+    return _side(read_snapshot(path, keys=keys)[0], side)
+
+
 def compare_runs(run_dir: str | os.PathLike[str], other_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """Side A of ``run_dir`` vs side A of ``other_dir`` (the reference), bit for bit.
 
@@ -550,10 +571,7 @@ def compare_runs(run_dir: str | os.PathLike[str], other_dir: str | os.PathLike[s
             meta["notes"].append(f"the runs have {ea.get('steps')} and {eb.get('steps')} steps; "
                                  f"compared the {len(steps)} in common")
         for step, rank in common:
-            ta, _ = read_snapshot(fa[(step, rank)])
-            tb, _ = read_snapshot(fb[(step, rank)])
-            a, b = _side(ta), _side(tb)
-            del ta, tb
+            a, b = _read_side(fa[(step, rank)]), _read_side(fb[(step, rank)])
             for k in sorted(set(a) | set(b), key=lambda k: (_PHASE_IDX.get(k.split("/", 1)[0], 99), k)):
                 phase, tname = k.split("/", 1)
                 key = (step, phase)
@@ -655,6 +673,10 @@ def compare_golden(run_dir: str | os.PathLike[str], root: str | os.PathLike[str]
         if unused:
             meta["notes"].append(f"{len(unused)} golden (step, rank) records not in this run (it has "
                                  f"{e.get('steps')} steps, the golden {len(g.steps)})")
+        extra = sorted({s for s, _ in set(files) - set(g.entries())})
+        if extra:
+            meta["notes"].append(f"steps {extra[0]}..{extra[-1]} of this run ({len(extra)}) are not in the golden; "
+                                 "compared the steps both have")
         meta["steps"] = len({s for s, _ in common})
         losses_seen: set[int] = set()
 
@@ -664,9 +686,7 @@ def compare_golden(run_dir: str | os.PathLike[str], root: str | os.PathLike[str]
             meta["compared_by_phase"][phase] = meta["compared_by_phase"].get(phase, 0) + 1
 
         for step, rank in common:
-            tensors, _ = read_snapshot(files[(step, rank)])
-            a = _side(tensors)
-            del tensors
+            a = _read_side(files[(step, rank)])
             want = g.record(step, rank)
             gold_t = g.load_tensors(step, rank) if g.store_tensors else None
             by_phase: dict[str, dict[str, torch.Tensor]] = {}
@@ -1234,7 +1254,8 @@ def triage_command(args) -> int:
         for (scen_name, step), n in per_step.items():
             phases = psp[(psp["scenario"] == scen_name) & (psp["step"] == step) & (psp["n_tensors"] > 0)]
             detail = ", ".join(f"{r.phase} {r.n_tensors}" for r in phases.itertuples())
-            print(f"[triage]   step {step}: {n} differing tensor comparisons" + (f" ({detail})" if detail else ""))
+            print(f"[triage]   step {step}: {n} differing tensor comparison{'' if n == 1 else 's'}"
+                  + (f" ({detail})" if detail else ""))
     plots = res["plots"]
     if plots.get("skipped"):
         print(f"[triage] plots skipped: {plots['skipped']}")

@@ -44,7 +44,6 @@ class DistributedOptimizer:
         for pc in self.pieces:
             pc.buf.param_data[pc.lo:pc.hi].copy_(pc.master)
             pc.master.grad = None
-        self.gather()
 
     def gather(self):
         for buf in self.buffers:

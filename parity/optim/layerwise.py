@@ -116,6 +116,9 @@ class LayerWiseOptimizer:
             if is_quantized_param(p) and id(p) in self.gathered:
                 continue  # the gather's requantize writes it
             copy_master_to_param(p, m, self.faults)
+
+    def sync(self):
+        """Param sync after the step: eager whole-param gather, or nothing when deferred."""
         if self.padded:
             self._gather_padded()
         elif not self.ddp.config.overlap_param_gather:

@@ -144,6 +144,8 @@ class Stack:
         self.lw.step()
         self.do.step()
         on_phase("optimizer", self.optimizer_state())
+        self.lw.sync()
+        self.do.gather()
         if "sample-before-deferred-gather" in cfg.faults:
             on_phase("param_sync", self.param_tensors())  # the gather has not landed yet
             if self.overlap:
@@ -198,8 +200,15 @@ class Stack:
 
     def persistent_bytes(self) -> dict:
         """Bytes the Muon matrices persist as model weights (FP8 parts or bf16/fp32 storage)."""
-        total = 0
+        stored, fp8_copy = 0, 0
         for b in self.lw.lw_buffers:
             for p in b.params:
-                total += p.qt.nbytes if is_quantized_param(p) else p.numel() * p.element_size()
-        return {"muon_param_bytes": total}
+                if is_quantized_param(p):
+                    stored += p.qt.nbytes
+                else:
+                    stored += p.numel() * p.element_size()
+                    m = self.fp8_linears.get(p)
+                    if m is not None:  # OFF also holds an FP8 copy of this weight per forward
+                        fp8_copy += m.fp8_weight().nbytes
+        return {"muon_param_bytes": stored, "off_fp8_weight_copy_bytes": fp8_copy,
+                "muon_total_bytes": stored + fp8_copy}

@@ -1,0 +1,570 @@
+"""Reliability of the `parity` command: bad input, crashed or hung ranks, atomic goldens,
+fail-closed determinism, NaN/Inf.
+
+Every case runs the real command in a subprocess and checks three things: the exit code, that
+no Python traceback reaches the user, and that the one-line message names what is wrong.
+Runs use a tiny scenario (world 2, 2 steps, a one-layer model) written into tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+PARITY = [sys.executable, "-m", "parity.cli"]
+MARKER_VAR = "PARITY_RELIABILITY_MARKER"
+
+TINY = """\
+name = "tiny"
+world = 2
+steps = 2
+model = { num_layers = 1, seq_len = 16, micro_batch = 1 }
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _env(marker: str | None = None, **extra) -> dict:
+    env = dict(os.environ)
+    for k in ("NCCL_ALGO", "NCCL_NVLS_ENABLE", "CUBLAS_WORKSPACE_CONFIG", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+              "CUDA_DEVICE_MAX_CONNECTIONS", "PARITY_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    if marker:
+        env[MARKER_VAR] = marker
+    env.update(extra)
+    return env
+
+
+def parity(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(PARITY + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                          env=env if env is not None else _env())
+
+
+def _messages(r) -> list[str]:
+    """The error lines parity printed (its own `parity: ...` and argparse's `parity X: error: ...`)."""
+    return [line for line in r.stderr.splitlines()
+            if line.startswith("parity: ") or (line.startswith("parity") and ": error: " in line)]
+
+
+def check(r, code: int, *needles: str, usage: bool = False) -> str:
+    """Exit code, no traceback, exactly one message line that contains every needle."""
+    out = f"--- exit {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    assert r.returncode == code, out
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, out
+    msgs = _messages(r)
+    assert len(msgs) == 1, out
+    for n in needles:
+        assert n in msgs[0], f"{n!r} not in {msgs[0]!r}\n{out}"
+    if usage:
+        assert "usage: parity" in r.stderr, out
+    return msgs[0]
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Live processes (ours: parent, ranks, helpers) whose environment carries the marker."""
+    pids = []
+    needle = f"{MARKER_VAR}={marker}".encode()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{d}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is gone, only unreaped
+                    continue
+        except OSError:
+            continue
+        pids.append(int(d))
+    return pids
+
+
+def assert_no_orphans(marker: str, within_s: float = 15.0) -> None:
+    end = time.monotonic() + within_s
+    while _marked_pids(marker) and time.monotonic() < end:
+        time.sleep(0.2)
+    left = _marked_pids(marker)
+    cmdlines = []
+    for p in left:
+        try:
+            cmdlines.append(Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except OSError:
+            pass
+    assert not left, f"orphaned processes: {left} {cmdlines}"
+
+
+def _kill_marked(marker: str) -> None:  # test cleanup only: processes this test started
+    for p in _marked_pids(marker):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    return p
+
+
+@pytest.fixture
+def marker():
+    m = uuid.uuid4().hex
+    yield m
+    _kill_marked(m)
+
+
+def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    p = tmp_path / name
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(textwrap.dedent(text))
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# bad scenario files: exit 2, one line naming the file, the key and what is allowed
+# ---------------------------------------------------------------------------------------------
+
+BAD_FILES = {
+    "syntax": ('name = "x"\nworld = \n', ["TOML syntax error", "line 2"]),
+    "unknown-key": ('name = "x"\nworld = 2\nwrold = 2\n', ["key 'wrold'", "unknown key", "allowed keys:", "world"]),
+    "wrong-type": ('name = "x"\nworld = "two"\n', ["key 'world'", "expected int", "str 'two'"]),
+    "float-steps": ('name = "x"\nsteps = 2.5\n', ["key 'steps'", "expected int"]),
+    "fp8-gather-padded": ('name = "x"\nworld = 2\nlayout = "padded"\n',
+                          ["key 'layout'", "compact layout", "overlap_param_gather"]),
+    "ep-not-dividing-world": ('name = "x"\nworld = 3\nep = 2\nmoe = true\n', ["key 'ep'", "ep=2 must divide world=3"]),
+    "mxfp8-dim-not-32": ('name = "x"\nworld = 2\nrecipe = "mxfp8"\nmodel = { hidden = 144, num_heads = 3 }\n',
+                         ["key 'recipe'", "divisible by 32", "144"]),
+    "unknown-recipe": ('name = "x"\nworld = 2\nrecipe = "fp4"\n', ["key 'recipe'", "'fp4'", "allowed: blockwise, mxfp8"]),
+    "world-zero": ('[[scenario]]\nname = "x"\nworld = 0\n', ["key 'world'", "must be >= 1"]),
+    "matrix-not-a-table": ("matrix = 3\n", ["invalid scenario file"]),
+    "not-utf8": (b'name = "x\xff"\n', ["not a UTF-8 text file"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_scenario_file(tmp_path, case):
+    text, needles = BAD_FILES[case]
+    path = _write(tmp_path, f"{case}.toml", text)
+    out = tmp_path / "out"
+    r = parity("run", path, "--out", out)
+    check(r, 2, str(path), *needles)
+    assert not (out / "report.json").exists()
+
+
+def test_missing_scenario_file(tmp_path):
+    path = tmp_path / "nope.toml"
+    check(parity("run", path, "--out", tmp_path / "o"), 2, str(path), "cannot read scenario file")
+
+
+# ---------------------------------------------------------------------------------------------
+# bad command lines: exit 2 with usage
+# ---------------------------------------------------------------------------------------------
+
+BAD_CLI = {
+    "unknown-flag": (["run", "--bogus"], ["unrecognized arguments: --bogus"]),
+    "bad-int": (["run", "--steps", "two"], ["--steps", "'two'"]),
+    "zero-world": (["run", "--world", "0"], ["--world", "positive integer"]),
+    "zero-timeout": (["run", "--timeout", "0"], ["--timeout", "positive"]),
+    "nan-lr": (["run", "--lr", "nan"], ["--lr", "positive finite"]),
+    "bad-recipe": (["run", "--recipe", "fp4"], ["--recipe", "invalid choice", "'fp4'"]),
+    "unknown-command": (["frobnicate"], ["invalid choice", "'frobnicate'"]),
+    "unknown-scenario": (["run", "no-such-scenario"], ["unknown scenario 'no-such-scenario'", "parity list"]),
+    "unknown-inject": (["run", "TINY", "--inject", "bogus"], ["--inject 'bogus'", "unknown fault", "crash:"]),
+    "malformed-inject": (["run", "TINY", "--inject", "crash:x:1"], ["crash:RANK:STEP"]),
+    "inject-rank-outside-world": (["run", "TINY", "--inject", "crash:5:0"], ["no rank 5", "world 2"]),
+    "inject-step-never-reached": (["run", "TINY", "--inject", "hang:0:9"], ["no step 9", "2 steps"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLI))
+def test_bad_command_line(tmp_path, tiny, case):
+    args, needles = BAD_CLI[case]
+    args = [str(tiny) if a == "TINY" else a for a in args]
+    r = parity(*args, "--out", tmp_path / "out") if args[0] == "run" else parity(*args)
+    check(r, 2, *needles, usage=True)
+    assert "[rank" not in r.stdout + r.stderr  # refused before any rank started
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# unwritable output
+# ---------------------------------------------------------------------------------------------
+
+
+def test_out_dir_under_a_regular_file(tmp_path, tiny):
+    f = tmp_path / "file"
+    f.write_text("x")
+    check(parity("run", tiny, "--out", f / "sub"), 2, "output directory", str(f / "sub"), "Not a directory")
+
+
+def test_out_dir_in_proc(tiny):
+    check(parity("run", tiny, "--out", "/proc/parity-reliability/out"), 2, "output directory", "not writable")
+
+
+def test_junit_in_missing_directory(tmp_path, tiny):
+    check(parity("run", tiny, "--out", tmp_path / "o", "--junit", tmp_path / "no" / "j.xml"), 2,
+          "--junit", "does not exist")
+
+
+def test_goldens_dir_unwritable(tmp_path, tiny):
+    f = tmp_path / "file"
+    f.write_text("x")
+    check(parity("golden", "regen", tiny, "--accept", "--goldens", f / "g"), 2, "goldens directory",
+          "Not a directory")
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism environment: refused in the parent, before any rank starts
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("var,value", [("NCCL_ALGO", "Tree"), ("NCCL_NVLS_ENABLE", "1"),
+                                       ("CUBLAS_WORKSPACE_CONFIG", ":0:0"), ("CUDA_DEVICE_MAX_CONNECTIONS", "8")])
+def test_nondeterministic_env_refused_before_launch(tmp_path, tiny, var, value):
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = parity("run", tiny, "--out", out, env=_env(**{var: value}))
+    msg = check(r, 2, "nondeterministic environment", f"{var}={value!r}", "accepted", "--allow-nondeterministic")
+    assert "[rank" not in r.stdout + r.stderr and "[parity] tiny" not in r.stdout, msg  # nothing launched
+    assert not out.exists() or not (out / "report.json").exists()
+    assert time.monotonic() - t0 < 60
+
+
+def test_nondeterministic_env_refused_by_golden_regen(tmp_path, tiny):
+    r = parity("golden", "regen", tiny, "--accept", "--goldens", tmp_path / "g", env=_env(NCCL_ALGO="Tree"))
+    check(r, 2, "NCCL_ALGO='Tree'")
+    assert not (tmp_path / "g" / "tiny").exists()
+
+
+@pytest.mark.slow
+def test_allow_nondeterministic_runs_with_a_warning(tmp_path, tiny):
+    r = parity("run", tiny, "--out", tmp_path / "o", "--quiet", "--allow-nondeterministic",
+               env=_env(NCCL_ALGO="Tree"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "parity: warning: --allow-nondeterministic: running with NCCL_ALGO='Tree'" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# crashed and hung ranks: exit 3 in bounded time, no orphans, the failing rank and step reported
+# ---------------------------------------------------------------------------------------------
+
+
+def _fault_run(tmp_path, tiny, marker, inject, timeout_s):
+    out = tmp_path / f"run-{marker}" / "out"  # the marker is in the out path too
+    t0 = time.time()
+    r = parity("run", tiny, "--inject", inject, "--timeout", timeout_s, "--out", out, env=_env(marker), timeout=300)
+    t_end = time.time()
+    out_all = r.stdout + r.stderr
+    assert r.returncode == 3, out_all
+    assert "Traceback" not in r.stderr, out_all
+    assert_no_orphans(marker)
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["status"] == "error"
+    (e,) = rep["scenarios"]
+    assert e["status"] == "error", e
+    f = e["failure"]
+    assert {"rank", "step", "reason"} <= set(f), f
+    fault_t = f["heartbeats"][str(f["rank"])]["t"]  # the faulty rank's last heartbeat: the fault
+    assert t_end - fault_t < 60, f"run ended {t_end - fault_t:.1f} s after the fault"
+    assert fault_t >= t0
+    return r, e
+
+
+@pytest.mark.slow
+def test_crashed_rank(tmp_path, tiny, marker):
+    r, e = _fault_run(tmp_path, tiny, marker, "crash:1:1", 20)
+    f = e["failure"]
+    assert (f["rank"], f["step"], f["kind"]) == (1, 1, "crash"), f
+    assert "exited with code 17" in f["reason"]
+    assert "rank 1 failed at step 1" in e["error"] and "rank 1 failed at step 1" in r.stdout
+
+
+@pytest.mark.slow
+def test_hung_rank_is_named_not_its_peer(tmp_path, tiny, marker):
+    # Rank 0 hangs; rank 1 times out waiting for it in a collective. The report must name rank 0.
+    r, e = _fault_run(tmp_path, tiny, marker, "hang:0:1", 15)
+    f = e["failure"]
+    assert (f["rank"], f["step"], f["kind"]) == (0, 1, "hang"), f
+    assert "hang" in f["reason"] and "rank(s) 1 timed out" in f["reason"], f
+    assert f["heartbeats"]["1"]["in_collective"] and not f["heartbeats"]["0"]["in_collective"]
+    assert "rank 0 failed at step 1" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# goldens
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    """A golden of the tiny scenario, recorded once: (scenario file, goldens root, platform id)."""
+    d = tmp_path_factory.mktemp("golden")
+    scen = d / "tiny.toml"
+    scen.write_text(TINY)
+    root = d / "goldens"
+    r = parity("golden", "regen", scen, "--accept", "--goldens", root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (pid_dir,) = (root / "tiny").iterdir()
+    return scen, root, pid_dir.name
+
+
+def _copy_root(golden, tmp_path) -> tuple[Path, Path]:
+    _, root, pid = golden
+    dst = tmp_path / "goldens"
+    shutil.copytree(root, dst)
+    return dst, dst / "tiny" / pid / "manifest.json"
+
+
+def _tensor_golden(root: Path, scen: Path, damage: str) -> None:
+    """A golden of the tiny scenario that stores safetensors files, then one file damaged."""
+    import torch
+
+    from parity.harness.golden import GoldenRecorder
+    from parity.harness.platform import platform_fingerprint
+    from parity.harness.scenario import load_file
+
+    (s,) = load_file(scen)
+    rec = GoldenRecorder(s.name, s.fingerprint(), platform_fingerprint("cpu", "gloo"), store_tensors=True)
+    for step in range(s.steps):
+        for rank in range(s.world):
+            rec.add(step, rank, {"forward/loss": torch.tensor(1.0 + step),
+                                 "optimizer/w": torch.arange(64, dtype=torch.float32)})
+    gdir = rec.write(root)
+    f = sorted(gdir.glob("*.safetensors"))[0]
+    data = f.read_bytes()
+    if damage == "truncated":
+        f.write_bytes(data[: len(data) // 2])
+    elif damage == "corrupt":
+        f.write_bytes(data[:-8] + bytes(8))
+    else:
+        f.unlink()
+
+
+def _damage(case: str, golden, tmp_path) -> tuple[Path, list[str]]:
+    scen, _, pid = golden
+    root, manifest = _copy_root(golden, tmp_path)
+    if case == "missing":
+        shutil.rmtree(root / "tiny")
+        return root, ["no golden for scenario 'tiny'", "parity golden regen"]
+    if case == "not-json":
+        manifest.write_text(manifest.read_text()[:100])
+        return root, ["manifest", "not valid JSON", "regenerate"]
+    if case == "malformed":
+        m = json.loads(manifest.read_text())
+        m["records"] = []
+        manifest.write_text(json.dumps(m))
+        return root, ["malformed", "'records'"]
+    if case == "other-platform":
+        m = json.loads(manifest.read_text())
+        m["platform"]["torch"] = "9.9.9"
+        manifest.write_text(json.dumps(m))
+        return root, ["recorded on another platform", "torch: golden '9.9.9'"]
+    if case == "only-other-platform":
+        os.rename(manifest.parent, manifest.parent.with_name("cuda-h200-torch2.13.0-cu12.8"))
+        return root, ["no golden for scenario 'tiny'", "goldens exist for: cuda-h200-torch2.13.0-cu12.8"]
+    if case == "stale":
+        m = json.loads(manifest.read_text())
+        m["scenario_fingerprint"] = "0123456789abcdef"
+        manifest.write_text(json.dumps(m))
+        return root, ["is stale", "scenario config changed"]
+    # safetensors damage
+    shutil.rmtree(root / "tiny")
+    _tensor_golden(root, scen, case)
+    return root, {"truncated": ["step_00000_rank_000.safetensors", "truncated"],
+                  "corrupt": ["step_00000_rank_000.safetensors", "modified or corrupt"],
+                  "file-missing": ["incomplete", "step_00000_rank_000.safetensors is missing"]}[case]
+
+
+GOLDEN_DAMAGE = ["missing", "not-json", "malformed", "other-platform", "only-other-platform", "stale",
+                 "truncated", "corrupt", "file-missing"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", GOLDEN_DAMAGE)
+def test_golden_check_unusable_golden(golden, tmp_path, case):
+    scen = golden[0]
+    root, needles = _damage(case, golden, tmp_path)
+    r = parity("golden", "check", scen, "--goldens", root)
+    check(r, 2, *needles)
+    assert "[rank" not in r.stdout + r.stderr  # refused before running anything
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["missing", "not-json", "truncated", "other-platform"])
+def test_run_golden_check_unusable_golden(golden, tmp_path, case):
+    scen = golden[0]
+    root, needles = _damage(case, golden, tmp_path)
+    r = parity("run", scen, "--golden", "check", "--goldens", root, "--out", tmp_path / "o")
+    check(r, 2, *needles)
+    assert "[rank" not in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_golden_check_passes(golden):
+    scen, root, _ = golden
+    r = parity("golden", "check", scen, "--goldens", root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tiny: golden pass" in r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_run_golden_check_digest_mismatch(golden, tmp_path):
+    scen = golden[0]
+    root, manifest = _copy_root(golden, tmp_path)
+    m = json.loads(manifest.read_text())
+    rec = m["records"]["1"]["ranks"]["0"]["tensors"]
+    key = sorted(rec)[0]
+    sha = rec[key]["sha256"]
+    rec[key]["sha256"] = sha[:-1] + ("0" if sha[-1] != "0" else "1")
+    manifest.write_text(json.dumps(m))
+    out = tmp_path / "o"
+    r = parity("run", scen, "--golden", "check", "--goldens", root, "--out", out, "--quiet")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert f"golden: step 1/{key}/rank 0: digest differs from golden" in r.stdout
+    (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+    assert e["status"] == "pass" and e["golden"] == "fail"  # parity itself held; the golden did not
+    assert any("digest differs" in msg for msg in e["golden_messages"])
+
+
+def _load_manifest(root: Path, pid: str) -> dict:
+    from parity.harness.golden import load_golden
+
+    return load_golden(root, "tiny", pid).manifest
+
+
+@pytest.mark.slow
+def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
+    """SIGINT or SIGKILL at start-up, while the ranks run, and in the write window (staging
+    written, not yet swapped in): the previous golden stays intact and loadable."""
+    scen, _, pid = golden
+    root, _ = _copy_root(golden, tmp_path)
+    before = _load_manifest(root, pid)
+    # Same scenario name, another config: a finished regen would replace the golden.
+    changed = tmp_path / "changed" / "tiny.toml"
+    changed.parent.mkdir()
+    changed.write_text(TINY + "lr = 0.002\n")
+    args = ["golden", "regen", changed, "--accept", "--goldens", root]
+
+    def regen(sig, when):
+        logs = tmp_path / f"log-{sig}-{when}"
+        with open(str(logs) + ".out", "w") as so, open(str(logs) + ".err", "w") as se:
+            p = subprocess.Popen(PARITY + [str(a) for a in args], stdout=so, stderr=se, env=_env(marker))
+            if when == "early":
+                time.sleep(0.3)
+            else:  # while the ranks run: parent plus two ranks alive
+                end = time.monotonic() + 120
+                while len(_marked_pids(marker)) < 3 and p.poll() is None and time.monotonic() < end:
+                    time.sleep(0.1)
+                time.sleep(1.0)
+            assert p.poll() is None, "regen finished before it could be interrupted"
+            p.send_signal(sig)
+            rc = p.wait(timeout=60)
+        assert_no_orphans(marker)
+        return rc, Path(str(logs) + ".err").read_text()
+
+    rc, err = regen(signal.SIGKILL, "early")
+    assert rc == -signal.SIGKILL
+    assert _load_manifest(root, pid) == before
+
+    rc, err = regen(signal.SIGINT, "running")
+    assert rc == 3 and "parity: interrupted" in err and "Traceback" not in err, err
+    assert _load_manifest(root, pid) == before
+
+    rc, err = regen(signal.SIGKILL, "running")
+    assert rc == -signal.SIGKILL
+    assert _load_manifest(root, pid) == before
+
+    # The write window, deterministically: kill the process right before the swap.
+    script = ("import os, signal, sys\n"
+              "import parity.harness.golden as g\n"
+              "g._swap_into_place = lambda staging, target: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "from parity.cli import main\n"
+              "sys.exit(main())\n")
+    p = subprocess.run([sys.executable, "-c", script] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=300, env=_env(marker))
+    assert p.returncode == -signal.SIGKILL, p.stdout + p.stderr
+    assert_no_orphans(marker)
+    staged = [x.name for x in (root / "tiny").iterdir() if x.name.startswith(f".{pid}.tmp-")]
+    assert staged, "the killed writer should have left its staging directory"
+    assert _load_manifest(root, pid) == before
+    from parity.harness.golden import list_goldens
+
+    assert [(r.scenario, r.platform_id) for r in list_goldens(root)] == [("tiny", pid)]
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN and Inf
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_nan_in_training_is_reported(tmp_path, tiny):
+    # lr 1e30: Muon's step blows the weights up; the loss is NaN at step 2 on both stacks. ON and
+    # OFF still agree bit for bit, which must not read as a pass.
+    out = tmp_path / "o"
+    r = parity("run", tiny, "--lr", "1e30", "--steps", "3", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "check finite failed: non-finite value in training: first at step 2/forward/loss/rank 0: NaN" in r.stdout
+    (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+    assert e["status"] == "fail"
+    first = e["nonfinite"]["first"]
+    assert (first["step"], first["phase"], first["tensor"], first["kind"]) == (2, "forward", "loss", "NaN")
+    assert {(ev["rank"], ev["side"]) for ev in e["nonfinite"]["events"] if ev["step"] == 2} == \
+        {(0, "ON"), (0, "OFF"), (1, "ON"), (1, "OFF")}
+    assert e["failed_checks"][0]["check"] == "finite"
+    assert "non-finite" in (out / "summary.md").read_text()
+
+
+def test_nan_payload_difference_is_a_bit_difference():
+    import torch
+
+    from parity.harness.compare import ULP_NAN, compare_tensors
+    from parity.harness.report import fmt_ulp
+
+    a = torch.tensor([0x7FC00000, 0x3F800000], dtype=torch.int32).view(torch.float32)
+    b = torch.tensor([0x7FC00001, 0x3F800000], dtype=torch.int32).view(torch.float32)
+    assert torch.isnan(a[0]) and torch.isnan(b[0])
+    d = compare_tensors(a, b, "step 0/optimizer/w/rank 0")
+    assert not d.equal and d.n_diff == 1 and d.max_ulp == ULP_NAN
+    assert d.nan_a == 1 and d.nan_b == 1
+    assert "NaN" in d.message() and fmt_ulp(d.max_ulp) == "NaN"
+    assert compare_tensors(a, a.clone(), "same").equal  # identical NaN bits are equal
+    neg = torch.tensor([-0x00400000, 0x3F800000], dtype=torch.int32).view(torch.float32)
+    assert not compare_tensors(a, neg, "sign").equal  # 0xFFC00000: the same NaN with its sign bit set
+
+
+def test_nonfinite_events_from_rank_results():
+    from parity.harness.report import nonfinite_events
+
+    results = [
+        {"rank": 0, "steps": [{"step": 0, "loss_bits": "0x409d72c4", "loss_b_bits": "0x409d72c4"},
+                              {"step": 1, "loss_bits": "0x7f800000", "loss_b_bits": "0xffc00000"}]},
+        {"rank": 1, "steps": [{"step": 0, "loss_bits": "0x409d72c4", "loss_b_bits": "0x409d72c4"}],
+         "nonfinite": [{"step": 0, "phase": "optimizer", "tensor": "w.master", "side": "ON", "nan": 3, "inf": 0}]},
+    ]
+    ev = nonfinite_events(results)
+    assert [(e["step"], e["phase"], e["tensor"], e["rank"]) for e in ev] == \
+        [(0, "optimizer", "w.master", 1), (1, "forward", "loss", 0), (1, "forward", "loss", 0)]
+    assert [e.get("kind") for e in ev[1:]] == ["+Inf", "NaN"]
+    assert nonfinite_events([{"rank": 0, "steps": [{"step": 0, "loss_bits": "0x3f800000"}]}]) == []

@@ -1,0 +1,359 @@
+"""`parity triage`: first divergence, origin phase and diagnosis, drift per step, breakdowns.
+
+The slow tests make real runs (`parity run` on 2 gloo ranks, 8 steps) and triage them:
+
+* ``grad``: a 1-ULP bump of one reduced grad at step 5 (``ulp:5:grad_reduce:*``);
+* ``spread``: a 1-ULP bump of one raw FP8 byte of the synced params at step 5, which the next
+  forward sees, so the drift spreads through every phase of the later steps;
+* ``clean``: no fault.
+
+The fast tests triage hand-written reports (every origin phase, bad input, plots).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from parity.cli import main
+from parity.harness import triage
+from parity.harness.compare import ULP_BUCKETS
+from parity.harness.errors import UsageError
+
+QKV = "layers.0.attn.qkv.weight"
+FP8_BYTE = QKV + ".fp8.rowwise_data"
+SCENARIO = """\
+name = "triage-w2"
+recipe = "blockwise"
+world = 2
+ep = 2
+moe = true
+overlap = false
+steps = 8
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Real runs (slow)
+# --------------------------------------------------------------------------------------------
+
+
+def _parity(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "parity.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("triage-runs")
+    scen = root / "triage-w2.toml"
+    scen.write_text(SCENARIO)
+    out = {}
+    for name, extra, rc in (
+        ("grad", ["--inject", "ulp:5:grad_reduce:*", "--snapshot", "all"], 1),
+        ("spread", ["--inject", f"ulp:5:param_sync:{FP8_BYTE}", "--snapshot", "all"], 1),
+        ("clean", ["--steps", "2", "--snapshot", "none"], 0),
+    ):
+        d = root / name
+        p = _parity("run", str(scen), "--out", str(d), "--quiet", *extra)
+        assert p.returncode == rc, f"{name}: rc {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        out[name] = d
+    return out
+
+
+def _report_counts(run: Path) -> dict[int, int]:
+    """Differing tensor comparisons per step, straight from report.json."""
+    e = json.loads((run / "report.json").read_text())["scenarios"][0]
+    counts: dict[int, int] = {}
+    for d in e["divergence_table"]:
+        counts[d["step"]] = counts.get(d["step"], 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+def test_grad_reduce_bump_is_traced_to_the_reduction(runs, capsys):
+    df = triage.load_divergences(runs["grad"])
+    fd = triage.first_divergence(df)
+    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"]) == (5, "grad_reduce", QKV, 0)
+    assert fd["n_diff"] == 1 and fd["max_ulp"] == 1
+    assert fd["n_tensors"] == 2  # every rank bumped its replica of the reduced grad
+    diag = triage.diagnose(df)
+    assert diag.startswith(f"first divergence at step 5 / grad_reduce / {QKV} / rank 0")
+    assert "local grads equal, reduced grads differ: the reduction changed" in diag
+    assert triage.origin(df)["phase"] == "grad_reduce"
+
+    psp = triage.per_step_phase(df)
+    assert sorted(psp["step"].unique()) == [5, 6, 7]  # every step after the first divergent one
+    assert list(psp[psp["step"] == 5]["phase"]) == ["forward", "grad_local", "grad_reduce", "optimizer",
+                                                    "param_sync"]
+    row = psp[(psp["step"] == 5) & (psp["phase"] == "grad_reduce")].iloc[0]
+    assert row["n_tensors"] == 2 and row["n_diff"] == 2 and row["max_ulp"] == 1 and row["median_ulp"] == 1
+    assert row["n_compared"] > 2 and 0 < row["frac_diff"] < 1e-3
+    assert psp[(psp["step"] == 5) & (psp["phase"] == "grad_local")].iloc[0]["n_tensors"] == 0
+    # the per-step drift agrees with the run's own table, step by step
+    dr = triage.drift(df).set_index("step")["n_tensors"].to_dict()
+    want = _report_counts(runs["grad"])
+    assert dr == {s: want.get(s, 0) for s in range(5, 8)}
+
+    assert main(["triage", str(runs["grad"])]) == 1
+    out = capsys.readouterr().out
+    assert "the reduction changed" in out and "step 5: 2 differing tensor comparisons (grad_reduce 2)" in out
+    tdir = runs["grad"] / "triage"
+    for f in ("triage.md", "divergences.csv", "per_step_phase.csv", "drift.csv", "per_param.csv", "per_layer.csv"):
+        assert (tdir / f).is_file(), f
+    md = (tdir / "triage.md").read_text()
+    assert "**Diagnosis:** first divergence at step 5 / grad_reduce" in md
+    assert "originates in **grad_reduce**" in md
+    csv = pd.read_csv(tdir / "divergences.csv")
+    assert len(csv) == len(df) and "ulps" not in csv.columns
+
+
+@pytest.mark.slow
+def test_drift_spreads_in_later_steps(runs):
+    df = triage.load_divergences(runs["spread"])
+    fd = triage.first_divergence(df)
+    assert (fd["step"], fd["phase"], fd["tensor"]) == (5, "param_sync", FP8_BYTE)
+    assert fd["max_ulp"] == 1  # raw FP8 bytes: the code distance, from the snapshots
+    assert "masters equal, synced FP8 params differ (rowwise_data)" in triage.diagnose(df)
+    dr = triage.drift(df).set_index("step")
+    assert dr.loc[7, "n_tensors"] > dr.loc[6, "n_tensors"] > dr.loc[5, "n_tensors"] == 2
+    assert dr.loc[7, "max_ulp"] > dr.loc[5, "max_ulp"]
+    assert dr.loc[6, "phases"] == "forward,grad_local,grad_reduce,optimizer,param_sync"
+    assert "drift spreads" in triage.drift_summary(df)[0]
+    layers = triage.per_layer(df)
+    assert {"layers.0", "layers.1", "(model)"} <= set(layers["layer"])
+    params = triage.per_param(df)
+    assert params.iloc[0]["param"] == QKV and params.iloc[0]["first_step"] == 5
+    assert (params["first_step"] >= 5).all()
+
+
+@pytest.mark.slow
+def test_clean_run_says_no_divergence(runs, capsys):
+    e = json.loads((runs["clean"] / "report.json").read_text())["scenarios"][0]
+    out_dir = runs["clean"] / "tri"
+    assert main(["triage", str(runs["clean"]), "--out", str(out_dir)]) == 0
+    line = f"no divergence: all {e['compared']} comparisons over 2 steps equal"
+    assert line in capsys.readouterr().out
+    assert line in (out_dir / "triage.md").read_text()
+    df = triage.load_divergences(runs["clean"])
+    assert df.empty and triage.first_divergence(df) is None and triage.diagnose(df) == line
+
+
+@pytest.mark.slow
+def test_against_another_run(runs, capsys):
+    # side A of `grad` vs side A of `spread` (the reference): `grad` bumped a reduced grad at
+    # step 5, `spread` a synced FP8 byte after it, which then spreads
+    df = triage.compare_runs(runs["grad"], runs["spread"])
+    fd = triage.first_divergence(df)
+    assert (fd["step"], fd["phase"], fd["tensor"]) == (5, "grad_reduce", QKV)
+    assert "the reduction changed" in triage.diagnose(df)
+    dr = triage.drift(df).set_index("step")
+    assert dr.loc[7, "n_tensors"] > dr.loc[5, "n_tensors"]
+    assert df.attrs["parity"]["scenarios"]["triage-w2"]["n_compared"][(5, "grad_reduce")] == 46
+    # a run without `--snapshot all` cannot be compared step by step
+    assert main(["triage", str(runs["grad"]), "--against", str(runs["clean"])]) == 2
+    assert "--snapshot all" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_against_golden(runs, tmp_path, monkeypatch, capsys):
+    from parity.harness.golden import GoldenRecorder, KeyRecord, LossRecord
+    from parity.harness.snapshot import read_snapshot, read_snapshot_metadata
+
+    rep = json.loads((runs["spread"] / "report.json").read_text())
+    snaps = sorted((runs["spread"] / "snapshots" / "triage-w2").glob("*.safetensors"))
+    fp = read_snapshot_metadata(snaps[0])["fingerprint"]
+    rec = GoldenRecorder("triage-w2", fp, rep["platform"])
+    for p in snaps:
+        step, rank = int(p.name[5:10]), int(p.name[16:19])
+        if step < 5:  # a golden of the last steps only keeps the test short
+            continue
+        t, _ = read_snapshot(p)
+        by_phase: dict = {}
+        for k, v in t.items():
+            if k.startswith("A/"):
+                ph, name = k[2:].split("/", 1)
+                by_phase.setdefault(ph, {})[name] = v
+        recs = {f"{ph}/*": KeyRecord("digest", (len(live),), triage._phase_digest(live)) for ph, live in by_phase.items()}
+        if step == 7:
+            recs.update({f"{ph}/{n}": KeyRecord.from_tensor(v) for ph, live in by_phase.items() for n, v in live.items()})
+        rec.add_digests(step, rank, recs, loss=LossRecord.from_tensor(t["A/forward/loss"].reshape(())))
+    rec.write(tmp_path / "goldens")
+    monkeypatch.setenv("PARITY_GOLDENS", str(tmp_path / "goldens"))
+    df = triage.compare_golden(runs["grad"])
+    fd = triage.first_divergence(df)
+    assert (fd["step"], fd["phase"], fd["tensor"], fd["reason"]) == (5, "grad_reduce", "*", "digest")
+    assert "the reduction changed" in triage.diagnose(df)
+    assert df[(df["step"] == 6) & (df["tensor"] == "loss")].iloc[0]["max_ulp"] > 0  # loss bits vs the golden's
+    assert main(["triage", str(runs["spread"]), "--against", "golden", "--out", str(tmp_path / "t")]) == 0
+    assert "no divergence: all" in capsys.readouterr().out
+    # a run with command-line overrides has no golden
+    assert main(["triage", str(runs["clean"]), "--against", "golden"]) == 2
+    assert "overrides" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-written reports (fast)
+# --------------------------------------------------------------------------------------------
+
+
+def _hist(n_diff, numel, ulp):
+    h = dict.fromkeys(ULP_BUCKETS, 0)
+    h["0"] = numel - n_diff
+    bucket = "1" if ulp == 1 else "2" if ulp == 2 else "3-10" if ulp <= 10 else "11-100" if ulp <= 100 else ">100"
+    h[bucket] = n_diff
+    return h
+
+
+def _write_run(d: Path, rows, *, steps=4, overlap=False, status=None, failed_checks=(), error=None,
+               name="s", n_divergences=None) -> Path:
+    """rows: (step, phase, rank, tensor, n_diff, numel, max_ulp)."""
+    d.mkdir(parents=True, exist_ok=True)
+    table = [{"step": s, "phase": ph, "rank": r, "path": f"step {s}/{ph}/{t}/rank {r}", "n_diff": n,
+              "numel": numel, "max_ulp": u, "ulp_hist": _hist(n, numel, u) if u is not None else None}
+             for s, ph, r, t, n, numel, u in rows]
+    by_phase = {"init": 4, "forward": 2 * steps, "grad_local": 0 if overlap else 10 * steps,
+                "grad_reduce": 10 * steps, "optimizer": 20 * steps, "param_sync": 30 * steps}
+    entry = {"name": name, "status": status or ("fail" if rows or failed_checks else "pass"), "steps": steps,
+             "compared": sum(by_phase.values()), "compared_by_phase": by_phase,
+             "first_divergence": None, "n_divergences": len(rows) if n_divergences is None else n_divergences,
+             "failed_checks": list(failed_checks), "n_failed_checks": len(failed_checks), "messages": [],
+             "loss": [], "scenario": {"name": name, "overlap": overlap}, "divergence_table": table}
+    if error:
+        entry = {"name": name, "status": "error", "steps": 0, "compared": 0, "first_divergence": None,
+                 "error": error, "scenario": {"name": name}}
+    (d / "report.json").write_text(json.dumps({"parity_version": "0", "platform": {}, "argv": ["parity", "run"],
+                                               "scenarios": [entry], "status": entry["status"]}))
+    return d
+
+
+@pytest.mark.parametrize("rows,overlap,want", [
+    ([(-1, "init", 0, "layers.0.attn.qkv.weight.master", 3, 100, 5),
+      (0, "forward", 0, "loss", 1, 1, 1)], False,
+     "masters differ before any update: master seeding changed"),
+    ([(2, "forward", 1, "output", 7, 100, 3), (2, "grad_local", 0, QKV, 9, 100, 2)], False,
+     "forward output differs first (params synced equal after step 1): the forward (weights or GEMM) changed"),
+    ([(1, "grad_local", 0, QKV, 1, 100, 1)], False, "forward equal, local grads differ: the backward changed"),
+    ([(1, "grad_reduce", 0, QKV, 1, 100, 1)], False,
+     "local grads equal, reduced grads differ: the reduction changed"),
+    ([(1, "grad_reduce", 0, QKV, 1, 100, 1)], True, "the backward or the reduction changed"),
+    ([(3, "optimizer", 1, QKV + ".momentum_buffer", 1, 100, 2)], False,
+     "reduced grads equal, optimizer state differs (momentum_buffer) while masters are equal"),
+    ([(3, "optimizer", 1, QKV + ".master", 1, 100, 2)], False,
+     "reduced grads equal, masters differ after the update: the optimizer step changed"),
+    ([(0, "param_sync", 0, QKV + ".fp8.rowwise_scale_inv", 1, 12, 1),
+      (0, "param_sync", 0, QKV + ".fp8.columnwise_data", 4, 100, None)], False,
+     "masters equal, synced FP8 params differ (columnwise_data, rowwise_scale_inv)"),
+    ([(0, "param_sync", 0, "layers.0.attn_norm.weight", 1, 128, 1)], False,
+     "masters equal, synced params differ: the param cast or the param gather changed"),
+])
+def test_diagnosis_names_the_origin_phase(tmp_path, rows, overlap, want):
+    df = triage.load_divergences(_write_run(tmp_path / "r", rows, overlap=overlap))
+    assert want in triage.diagnose(df)
+
+
+def test_first_divergence_follows_dataflow_order(tmp_path):
+    rows = [(3, "forward", 0, "loss", 1, 1, 1), (2, "param_sync", 1, "b", 1, 8, 1),
+            (2, "optimizer", 1, "a.master", 1, 8, 1), (2, "optimizer", 0, "z.master", 1, 8, 1)]
+    df = triage.load_divergences(_write_run(tmp_path / "r", rows))
+    fd = triage.first_divergence(df)
+    assert (fd["step"], fd["phase"], fd["rank"], fd["tensor"]) == (2, "optimizer", 0, "z.master")
+    assert triage.origin(df)["chain"] == ["optimizer", "param_sync"]
+
+
+def test_tables_medians_and_fractions(tmp_path):
+    rows = [(1, "grad_reduce", 0, "layers.0.mlp.fc1.weight", 10, 1000, 1),
+            (1, "grad_reduce", 1, "layers.0.mlp.fc1.weight", 30, 1000, 50),
+            (1, "optimizer", 0, "layers.1.mlp.fc2.weight.master", 5, 500, 7),
+            (3, "param_sync", 0, "head.weight", 2, 200, 200)]
+    df = triage.load_divergences(_write_run(tmp_path / "r", rows, steps=4))
+    assert list(df.columns) == list(triage.COLUMNS)
+    assert list(df["layer"]) == ["layers.0", "layers.0", "layers.1", "head"]
+    assert df.iloc[2]["param"] == "layers.1.mlp.fc2.weight" and df.iloc[2]["kind"] == "master"
+    psp = triage.per_step_phase(df)
+    assert len(psp) == 3 * 5  # steps 1..3, five phases each (zeros included)
+    gr = psp[(psp["step"] == 1) & (psp["phase"] == "grad_reduce")].iloc[0]
+    assert gr["n_tensors"] == 2 and gr["n_names"] == 1 and gr["n_diff"] == 40 and gr["numel"] == 2000
+    assert gr["frac_diff"] == pytest.approx(0.02) and gr["max_ulp"] == 50
+    assert gr["n_compared"] == 10 and gr["frac_tensors"] == pytest.approx(0.2)
+    assert gr["median_ulp"] == 11 and not gr["median_exact"]  # from histograms: the 11-100 bucket
+    dr = triage.drift(df)
+    assert list(dr["step"]) == [1, 2, 3] and list(dr["n_tensors"]) == [3, 0, 1]
+    assert "drift dies out" not in triage.drift_summary(df)[0]
+    pl = triage.per_layer(df)
+    assert list(pl["layer"]) == ["layers.0", "layers.1", "head"]
+    pp = triage.per_param(df)
+    assert pp.iloc[0]["param"] == "layers.0.mlp.fc1.weight" and pp.iloc[0]["n_tensors"] == 2
+
+
+def test_names():
+    assert triage.param_of("layers.0.attn_norm.weight[0:128].exp_avg_sq") == "layers.0.attn_norm.weight"
+    assert triage.param_of(FP8_BYTE) == QKV
+    assert triage.layer_of("layers.12.mlp.experts.3.fc1.weight") == "layers.12"
+    assert triage.layer_of("embed.weight") == "embed" and triage.layer_of("loss") == "(model)"
+
+
+def test_failed_checks_without_divergence_exit_1(tmp_path, capsys):
+    run = _write_run(tmp_path / "r", [], failed_checks=[{"step": 2, "check": "replicas/dp", "ok": False, "rank": 0,
+                                                         "message": "step 2: 1 tensors differ across dp replicas"}])
+    assert main(["triage", str(run)]) == 1
+    assert "no tensor divergence in" in capsys.readouterr().out and "replicas/dp" in (run / "triage" / "triage.md").read_text()
+
+
+def test_failed_run_exit_1(tmp_path, capsys):
+    run = _write_run(tmp_path / "r", [], error="rank 1 failed at step 3 (exited with code 17)")
+    assert main(["triage", str(run)]) == 1
+    assert "the run failed, nothing was compared: rank 1 failed at step 3" in capsys.readouterr().out
+
+
+def test_truncated_table_is_flagged(tmp_path):
+    run = _write_run(tmp_path / "r", [(1, "grad_reduce", 0, QKV, 1, 100, 1)], n_divergences=9000)
+    df = triage.load_divergences(run)
+    assert df.attrs["parity"]["scenarios"]["s"]["truncated"]
+    assert "lower bounds" in triage.render_markdown(df)
+
+
+@pytest.mark.parametrize("case", ["missing", "no-report", "bad-json", "not-a-report"])
+def test_bad_input_exit_2(tmp_path, case, capsys):
+    d = tmp_path / "r"
+    if case != "missing":
+        d.mkdir()
+    if case == "bad-json":
+        (d / "report.json").write_text("{ not json")
+    if case == "not-a-report":
+        (d / "report.json").write_text("[1, 2]")
+    assert main(["triage", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("parity: ") and "Traceback" not in err
+    with pytest.raises(UsageError):
+        triage.load_divergences(d)
+
+
+def test_plots_skipped_without_matplotlib(tmp_path, monkeypatch):
+    from parity.harness import plots
+
+    monkeypatch.setattr(plots, "plots_available", lambda: (False, "matplotlib is not importable (test)"))
+    run = _write_run(tmp_path / "r", [(1, "grad_reduce", 0, QKV, 1, 100, 1)])
+    assert main(["triage", str(run)]) == 1
+    md = (run / "triage" / "triage.md").read_text()
+    assert "Plots skipped: matplotlib is not importable (test)" in md
+    assert not list((run / "triage").glob("*.png"))
+
+
+def test_plots_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [(s, ph, r, t, s * 3 + 1, 100, 2 ** s) for s in range(1, 5) for ph, t in
+            (("grad_reduce", QKV), ("optimizer", QKV + ".master"), ("param_sync", FP8_BYTE)) for r in (0, 1)]
+    run = _write_run(tmp_path / "r", rows, steps=5)
+    assert main(["triage", str(run)]) == 1
+    tdir = run / "triage"
+    for f in ("drift.png", "heatmap.png"):
+        assert (tdir / f).stat().st_size > 1000 and (tdir / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tdir / "triage.md").read_text()
+    assert "![drift per step by phase](drift.png)" in md and "Plots skipped" not in md
