@@ -361,7 +361,7 @@ def _precheck_goldens(scenarios, root, allow_other_platform: bool = False) -> No
     after a whole run."""
     from pathlib import Path
 
-    from parity.harness.errors import GoldenError, UsageError
+    from parity.harness.errors import GoldenError, ParityError, UsageError
     from parity.harness.golden import list_goldens, load_golden
     from parity.harness.goldens_cli import default_root
     from parity.harness.platform import platform_fingerprint, platform_id
@@ -370,7 +370,10 @@ def _precheck_goldens(scenarios, root, allow_other_platform: bool = False) -> No
     refs = list_goldens(root)
     problems = []
     for s in scenarios:
-        fp = platform_fingerprint(s.device, "nccl" if s.device == "cuda" else "gloo")
+        try:
+            fp = platform_fingerprint(s.device, "nccl" if s.device == "cuda" else "gloo")
+        except ParityError:  # e.g. a CUDA scenario on a machine without CUDA: its run reports that
+            continue
         pid = platform_id(fp)
         have = [r.platform_id for r in refs if r.scenario == s.name]
         if allow_other_platform and have and pid not in have:

@@ -184,6 +184,7 @@ def test_hung_rank_is_ended_by_the_watchdog():
     assert failure.exit_code == 3
     hung = {f.rank: f for f in failure.failures}
     assert 1 in hung and "did not finish within deadline_s=3.0 s" in hung[1].reason
+    assert hung[1].exitcode is None and hung[1].error is None
     assert "rank 1" in str(failure)
     assert elapsed < deadline + grace + 5
     _assert_no_orphans(failure.pids.values())  # rank 1 ignored SIGTERM: it took SIGKILL

@@ -454,16 +454,18 @@ def _load_manifest(root: Path, pid: str) -> dict:
 
 @pytest.mark.slow
 def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
-    """SIGINT or SIGKILL at start-up, while the ranks run, and in the write window (staging
-    written, not yet swapped in): the previous golden stays intact and loadable."""
+    """SIGKILL at start-up; SIGINT, SIGKILL or SIGTERM while the ranks run; SIGKILL in the write
+    window (staging written, not yet swapped in): the previous golden stays intact and loadable,
+    and no process is left behind."""
     scen, _, pid = golden
-    root, _ = _copy_root(golden, tmp_path)
+    root, manifest = _copy_root(golden, tmp_path)
+    # Make the previous golden differ from what a regen records (in a field checks ignore), so a
+    # regen that got to the end would replace it.
+    m = json.loads(manifest.read_text())
+    m["info"]["note"] = "the previous golden"
+    manifest.write_text(json.dumps(m, indent=1))
     before = _load_manifest(root, pid)
-    # Same scenario name, another config: a finished regen would replace the golden.
-    changed = tmp_path / "changed" / "tiny.toml"
-    changed.parent.mkdir()
-    changed.write_text(TINY + "lr = 0.002\n")
-    args = ["golden", "regen", changed, "--accept", "--goldens", root]
+    args = ["golden", "regen", scen, "--accept", "--goldens", root]
 
     def regen(sig, when):
         logs = tmp_path / f"log-{sig}-{when}"
@@ -492,6 +494,10 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
 
     rc, err = regen(signal.SIGKILL, "running")
     assert rc == -signal.SIGKILL
+    assert _load_manifest(root, pid) == before
+
+    rc, err = regen(signal.SIGTERM, "running")  # how CI runners cancel a job
+    assert rc == 3 and "parity: interrupted" in err and "Traceback" not in err, err
     assert _load_manifest(root, pid) == before
 
     # The write window, deterministically: kill the process right before the swap.

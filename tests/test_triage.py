@@ -357,3 +357,26 @@ def test_plots_written(tmp_path):
         assert (tdir / f).stat().st_size > 1000 and (tdir / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tdir / "triage.md").read_text()
     assert "![drift per step by phase](drift.png)" in md and "Plots skipped" not in md
+
+
+def test_fast_snapshot_reader_matches_read_snapshot(tmp_path):
+    import torch
+
+    from parity.harness.errors import SnapshotError
+    from parity.harness.snapshot import read_snapshot, write_snapshot
+
+    g = torch.Generator().manual_seed(3)
+    caps = {"A/param_sync/w.fp8.rowwise_data": torch.randint(0, 255, (4, 8), dtype=torch.uint8, generator=g),
+            "A/param_sync/w.fp8.scale": torch.randn(4, generator=g).to(torch.float8_e4m3fn),
+            "B/grad_reduce/w": torch.randn(4, 8, generator=g).to(torch.bfloat16)}
+    if hasattr(torch, "float8_e8m0fnu"):
+        caps["A/param_sync/w.fp8.e8m0"] = torch.randint(0, 254, (4,), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    p = write_snapshot(tmp_path / "step_00000_rank_000.safetensors", caps, {"step": "0"})
+    fast, (slow, _) = triage._load_snapshot(p), read_snapshot(p)
+    assert set(fast) == set(slow)
+    for k in slow:
+        assert fast[k].dtype == slow[k].dtype and torch.equal(fast[k].view(torch.uint8), slow[k].view(torch.uint8))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(p.read_bytes()[:-10])
+    with pytest.raises(SnapshotError):
+        triage._load_snapshot(bad)

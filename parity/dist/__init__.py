@@ -1,7 +1,9 @@
 """parity.dist: ranks, process groups, collectives and the determinism environment.
 
 - :mod:`parity.dist.launch`: run a callable on N local ranks (or under torchrun), with failure
-  handling: ``launch``, ``LaunchConfig``, ``RankContext``, ``RankFailure``.
+  handling: ``launch``, ``LaunchConfig``, ``RankContext``, ``RankFailure``. The function
+  ``launch`` is not re-exported here: it would hide the module ``parity.dist.launch`` (write
+  ``from parity.dist.launch import launch``).
 - :mod:`parity.dist.determinism`: ``apply_determinism``, ``validate_determinism_env``,
   ``DeterminismError``.
 - :mod:`parity.dist.groups`: DP / EP / expert-DP groups: ``build_groups``, ``ParallelGroups``.
@@ -32,7 +34,6 @@ from parity.dist.launch import (
     RankContext,
     RankFailure,
     free_port,
-    launch,
     under_torchrun,
 )
 
@@ -55,7 +56,6 @@ __all__ = [
     "broadcast",
     "build_groups",
     "free_port",
-    "launch",
     "reduce_scatter_sum",
     "under_torchrun",
     "validate_determinism_env",

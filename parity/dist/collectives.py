@@ -161,7 +161,7 @@ def all_gather_uneven_into(
 
     offsets = [0]
     for s in sizes:
-        offsets.append(offsets[-1] + operator.index(s))
+        offsets.append(offsets[-1] + s)
     mine = out_flat[offsets[me] : offsets[me + 1]]
     _copy_unless_same(mine, send)
     if world == 1:

@@ -165,8 +165,8 @@ class FailedRank:
     reason: str
     """One line: what happened."""
     exitcode: int | None = None
-    """How the process ended: exit code, or minus the signal number (e.g. -15 after the launcher's
-    SIGTERM for a rank that missed the deadline)."""
+    """How the process ended: exit code, or minus the signal number. None for a rank that missed
+    the deadline: it did not end by itself (the launcher then killed it)."""
     error: str | None = None
     """``ExceptionType: message`` when the rank raised."""
     traceback: str | None = None
@@ -693,8 +693,9 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
             mon.on_exit(rank)
     if mon.failures:
         mon.cause_first()
-        failures = [
-            f if f.exitcode is not None else dataclasses.replace(f, exitcode=mon.procs[f.rank].exitcode)
+        failures = [  # how each failed rank ended; a rank that missed the deadline did not end by itself
+            f if f.exitcode is not None or f.rank in mon.deadline_missed
+            else dataclasses.replace(f, exitcode=mon.procs[f.rank].exitcode)
             for f in mon.failures
         ]
         pids = {rank: proc.pid for rank, proc in mon.procs.items()}

@@ -80,6 +80,9 @@ def plot_drift(psp: pd.DataFrame, path: str | os.PathLike[str]) -> str:
         axes[0].set_ylabel("differing tensors (tensor x rank)")
         axes[1].set_ylabel("max ULP")
         axes[1].set_xlabel("step")
+        from matplotlib.ticker import MaxNLocator
+
+        axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[0].set_title("drift per step by phase")
         for ax in axes:
             ax.grid(True, which="both", alpha=0.3)

@@ -432,7 +432,7 @@ def _enrich_from_snapshots(run: Path, scenario: str, rows: list[dict[str, Any]],
                 need = sorted(keys)
             if not need:
                 continue
-            tensors, _ = read_snapshot(path, keys=sorted(set(need)))
+            tensors = _load_snapshot(path)
         except SnapshotError as e:
             meta["notes"].append(f"snapshot unreadable, report statistics used: {e}")
             continue
@@ -525,12 +525,47 @@ def _side(tensors: Mapping[str, torch.Tensor], side: str = "A") -> dict[str, tor
     return {k[len(pre):]: v for k, v in tensors.items() if k.startswith(pre)}
 
 
+def _load_snapshot(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a snapshot, read in one go (much faster than tensor-by-tensor copies out
+    of a memory map for the many small tensors a step holds); same result as
+    :func:`~parity.harness.snapshot.read_snapshot`, same :class:`SnapshotError` on bad files."""
+    import safetensors
+    import safetensors.torch
+
+    from parity.harness.snapshot import _split_metadata
+
+    path = Path(path)
+    if not path.is_file():
+        raise SnapshotError(f"snapshot {path} not found")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SnapshotError(f"cannot read snapshot {path}: {e.strerror or e}") from None
+    try:
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n]) if 8 <= len(data) and n <= len(data) - 8 else None
+        tensors = safetensors.torch.load(data)
+    except (safetensors.SafetensorError, ValueError, UnicodeDecodeError) as e:
+        raise SnapshotError(f"snapshot {path} is truncated or corrupt ({e}); re-create it") from None
+    except (KeyError, TypeError, AttributeError):
+        # a dtype that safetensors' in-memory loader does not know (e.g. F8_E8M0 on some
+        # versions): the per-tensor reader handles every dtype
+        return read_snapshot(path)[0]
+    if not isinstance(header, dict):
+        raise SnapshotError(f"snapshot {path} is truncated or corrupt (bad header); re-create it")
+    _, encoded = _split_metadata(header.get("__metadata__"), path)
+    for k, dt in encoded.items():
+        if k in tensors:
+            tensors[k] = tensors[k].view(dt)
+    return tensors
+
+
 def _read_side(path: Path, side: str = "A") -> dict[str, torch.Tensor]:
-    """One side's tensors of a snapshot (``phase/name`` keys), without reading the other side."""
-    keys = [k for k in _snap_keys(path) if k.startswith(side + "/")]
-    if not keys:
+    """One side's tensors of a snapshot, keyed ``phase/name``."""
+    out = _side(_load_snapshot(path), side)
+    if not out:
         raise SnapshotError(f"snapshot {path} holds no side-{side} tensors")
-    return _side(read_snapshot(path, keys=keys)[0], side)
+    return out
 
 
 def compare_runs(run_dir: str | os.PathLike[str], other_dir: str | os.PathLike[str]) -> pd.DataFrame:
@@ -678,7 +713,6 @@ def compare_golden(run_dir: str | os.PathLike[str], root: str | os.PathLike[str]
             meta["notes"].append(f"steps {extra[0]}..{extra[-1]} of this run ({len(extra)}) are not in the golden; "
                                  "compared the steps both have")
         meta["steps"] = len({s for s, _ in common})
-        losses_seen: set[int] = set()
 
         def count(step, phase):
             meta["n_compared"][(step, phase)] = meta["n_compared"].get((step, phase), 0) + 1
@@ -721,12 +755,12 @@ def compare_golden(run_dir: str | os.PathLike[str], root: str | os.PathLike[str]
                 hl = LossRecord.from_tensor(a["forward/loss"].reshape(()))
                 if hl is not None and hl.hex != gl.hex:
                     u = _loss_ulp(gl.hex, hl.hex)
-                    if not any(r["step"] == step and r["tensor"] == "loss" and r["rank"] == rank for r in rows):
+                    if not any(r["scenario"] == name and r["step"] == step and r["tensor"] == "loss"
+                               and r["rank"] == rank for r in rows):
                         rows.append(_row(name, step, "forward", rank, "loss", reason="values", dtype=hl.dtype,
                                          n_diff=1, numel=1, max_ulp=u,
                                          ulps=np.array([u], dtype=np.int64) if u is not None else None,
                                          source="golden"))
-                losses_seen.add(step)
         meta["has_grad_local"] = bool(meta["compared_by_phase"].get("grad_local"))
         meta["n_divergences"] = sum(1 for r in rows if r["scenario"] == name)
         meta["golden"] = str(g.path)
