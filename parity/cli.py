@@ -240,6 +240,9 @@ def cmd_run(args, argv) -> int:
     injections = tuple(parse_injection(s) for s in args.inject)
     scenarios = [_apply_overrides(s, args) for s in _resolve(args.scenarios)]
     _check_injections(injections, scenarios)
+    # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
+    platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
+                 for dev in dict.fromkeys(s.device for s in scenarios)}
     out = _prepare_out(args.out)
     if args.junit:
         _check_writable_file(args.junit, "--junit")
@@ -264,7 +267,7 @@ def cmd_run(args, argv) -> int:
         if args.fail_fast and entry["status"] != "pass":
             break
     meta = {"version": _version(), "argv": ["parity"] + list(argv),
-            "platform": platform_fingerprint(scenarios[0].device, "nccl" if scenarios[0].device == "cuda" else "gloo")}
+            "platform": platforms[scenarios[0].device]}
     try:
         rep.write_reports(out, entries, meta, args.junit)
     except OSError as e:

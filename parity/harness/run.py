@@ -95,7 +95,9 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
         except RankFailure as e:
             beats = _read_beats(prog)
             failure = _place_failure(e, beats)
-            msg = (f"rank {failure['rank']} failed at step {failure['step']} ({failure['reason']})")
+            step = failure["step"]
+            when = f"at step {step}" if isinstance(step, int) and step >= 0 else "during start-up"
+            msg = f"rank {failure['rank']} failed {when} ({failure['reason']})"
             return rep.error_entry(scenario, msg, time.perf_counter() - t0, failure), []
     entry = rep.merge_ranks(scenario, results, time.perf_counter() - t0)
     return entry, results

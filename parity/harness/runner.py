@@ -193,13 +193,16 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
                 step_rec["loss_bits"] = loss_bits(live["loss"])
                 step_rec["loss"] = repr(float(live["loss"]))
                 step_rec["loss_b_bits"] = loss_bits(ref["loss"])
+            n_before = len(res["divergences"])
             compare_maps(step, phase, ref, cur, rank, record, check)
             if opts.golden_digests:
                 _golden_records(res["golden"], step, phase, live, last=step == scenario.steps - 1)
             if opts.snapshot == "all" or opts.golden_tensors:
                 caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
-            elif opts.snapshot == "divergent":
-                caps_a[phase] = live  # cloned below only if this step diverged
+            elif opts.snapshot == "divergent" and len(res["divergences"]) > n_before:
+                # Copy the differing tensors now: later phases update A's tensors in place.
+                bad = {_tensor_of(d["path"]) for d in res["divergences"][n_before:]}
+                caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items() if k in bad}
 
         A.step(step, on_a)
         if A.grad_buffer_clean is not None:
@@ -286,9 +289,14 @@ def _is_expert_name(k: str) -> bool:
     return ".experts." in k
 
 
+def _tensor_of(path: str) -> str:
+    """'step 3/grad_reduce/layers.0.x.weight/rank 1' -> 'layers.0.x.weight'."""
+    return path.split("/", 2)[2].rsplit("/rank", 1)[0]
+
+
 def _snapshot_tensors(caps_a, caps_b, step_div, mode):
     out = {}
-    want = {(d["phase"], d["path"].split("/", 2)[2].rsplit("/rank", 1)[0]) for d in step_div}
+    want = {(d["phase"], _tensor_of(d["path"])) for d in step_div}
     for side, caps in (("A", caps_a), ("B", caps_b)):
         for ph, d in caps.items():
             for k, v in d.items():

@@ -95,6 +95,9 @@ def caught(exp: Expect, entry: dict) -> bool:
         (exp.step is None or fd["step"] == exp.step) and (exp.tensor is None or exp.tensor in fd["tensor"])
 
 
+_CLEAN: dict = {}  # (scenario key, steps) -> passes clean; cached per process
+
+
 def run_selftest(faults=None, steps: int = 3, out=print) -> list[dict]:
     names = list(faults) if faults else list(CATALOGUE)
     unknown = [n for n in names if n not in CASES]
@@ -102,14 +105,15 @@ def run_selftest(faults=None, steps: int = 3, out=print) -> list[dict]:
         from parity.harness.errors import UsageError
         raise UsageError(f"selftest: no case for {unknown}; known: {', '.join(CASES)}")
     opts = RunOptions(progress=False, snapshot="none", golden_digests=False)
-    rows, clean = [], {}
+    rows = []
     for name in names:
         key, exp = CASES[name]
-        if key not in clean:
+        if (key, steps) not in _CLEAN:
             t0 = time.perf_counter()
             e, _ = run_scenario(scenario(key, steps), opts, timeout_s=30)
-            clean[key] = e["status"] == "pass"
+            _CLEAN[(key, steps)] = e["status"] == "pass"
             out(f"[selftest] clean {key}: {e['status']} ({time.perf_counter() - t0:.1f} s)")
+        clean = {key: _CLEAN[(key, steps)]}
         t0 = time.perf_counter()
         inj = RunOptions(injections=(Injection("fault", name=name),), progress=False, snapshot="none",
                          golden_digests=False)
