@@ -273,7 +273,8 @@ def cmd_run(args, argv) -> int:
     except OSError as e:
         raise RuntimeFailure(f"cannot write the report to {out!r}: {e.strerror or e}") from None
     status = rep.overall_status(entries)
-    print(f"[parity] {status}: {sum(e['status'] == 'pass' for e in entries)}/{len(entries)} scenarios "
+    print(f"[parity] {status}: {sum(e['status'] == 'pass' and e.get('golden') != 'fail' for e in entries)}"
+          f"/{len(entries)} scenarios "
           f"passed; report: {os.path.join(out, 'report.json')}")
     return {"pass": EXIT_OK, "fail": EXIT_MISMATCH, "error": EXIT_RUNTIME}[status]
 

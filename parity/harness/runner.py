@@ -157,6 +157,8 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
 
     pinned_drop = None
     snaps = {}
+    scan_nonfinite = [False]
+    res["nonfinite"] = []
     for step in range(scenario.steps):
         _beat(step, "start")
         for inj in lifecycle:
@@ -193,6 +195,14 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
                 step_rec["loss_bits"] = loss_bits(live["loss"])
                 step_rec["loss"] = repr(float(live["loss"]))
                 step_rec["loss_b_bits"] = loss_bits(ref["loss"])
+            if phase == "forward" and not bool(torch.isfinite(live["loss"]).all()):
+                scan_nonfinite[0] = True  # from here on, say where NaN/Inf sit (cheap until then)
+            if scan_nonfinite[0] and len(res["nonfinite"]) < 50:
+                for k, v in live.items():
+                    if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                        res["nonfinite"].append({"step": step, "phase": phase, "tensor": k, "side": "ON",
+                                                 "nan": int(torch.isnan(v).sum()),
+                                                 "inf": int(torch.isinf(v).sum())})
             n_before = len(res["divergences"])
             compare_maps(step, phase, ref, cur, rank, record, check)
             if opts.golden_digests:

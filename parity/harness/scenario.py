@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def _err(src, key, msg):
 def make_scenario(raw: dict, source: str = "") -> Scenario:
     """Validate one raw mapping into a Scenario; every error names the file, key and what is allowed."""
     raw = dict(raw)
-    if raw.get("bucket_size") in ("none", "None", 0):
+    if raw.get("bucket_size") in ("none", "None"):
         raw["bucket_size"] = None
     for k, v in raw.items():
         if k not in TYPES:
@@ -140,6 +141,9 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
             raise _err(source, k, f"expected {names}, got {type(v).__name__} {v!r}")
     if "name" not in raw:
         raise _err(source, "name", "missing (every scenario needs a name)")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+=\-\[\]]*", raw["name"]) or ".." in raw["name"]:
+        raise _err(source, "name", f"{raw['name']!r}: use letters, digits and _ . + = - [ ] only "
+                   f"(it names golden and snapshot directories)")
     s = Scenario(**raw, source=source)
     src = source
 
@@ -170,6 +174,10 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
         raise _err(src, "pair", f"pair '{s.pair}' needs world >= 2 (no gather at world 1)")
     if s.pair == "force_sync" and s.layout != "compact":
         raise _err(src, "pair", "pair 'force_sync' needs the compact layout")
+    allowed_model = [f.name for f in dataclasses.fields(ModelConfig)]
+    for k in s.model:
+        if k not in allowed_model:
+            raise _err(src, f"model.{k}", f"unknown model key; allowed: {', '.join(allowed_model)}")
     try:
         model = s.model_config()
     except (TypeError, ValueError) as e:

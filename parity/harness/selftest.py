@@ -71,7 +71,7 @@ def scenario(key: str, steps: int):
 
 def observe(entry: dict) -> str:
     if entry["status"] == "error":
-        return "error: " + (entry.get("error") or "") + " " + (entry.get("failure", {}).get("launcher", "")[-400:])
+        return "error: " + " ".join((entry.get("error") or "").split())
     fd = entry.get("first_divergence")
     parts = []
     if fd:
