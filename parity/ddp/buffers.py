@@ -67,6 +67,16 @@ class ParamAndGradBuffer:
         self.buckets = [Bucket(self, i, s, e, by_bucket.get(i, []))
                         for i, (s, e) in enumerate(layout.buckets)]
 
+    def gather_param_data(self) -> None:
+        """All-gather every bucket's flat param storage from its dp shards (DistOpt sync)."""
+        if self.dp == 1:
+            return
+        r = dist.get_rank(self.group)
+        for b in self.buckets:
+            shard = b.numel // self.dp
+            local = b.param_data[r * shard:(r + 1) * shard].clone()
+            dist.all_gather_into_tensor(b.param_data, local, group=self.group)
+
     def report(self) -> dict:
         lay = self.layout
         pct = 100.0 * lay.padding / lay.numel if lay.numel else 0.0

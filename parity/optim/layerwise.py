@@ -150,13 +150,7 @@ class LayerWiseOptimizer:
 
     def _gather_padded(self):
         for buf in self.lw_buffers:
-            if buf.dp == 1:
-                continue
-            r = dist.get_rank(buf.group)
-            for b in buf.buckets:
-                shard = b.numel // buf.dp
-                local = b.param_data[r * shard:(r + 1) * shard].clone()
-                dist.all_gather_into_tensor(b.param_data, local, group=buf.group)
+            buf.gather_param_data()
 
     def state_tensors(self) -> dict:
         out = {}
