@@ -100,3 +100,18 @@ def _flip_first_sha(obj):
             if found:
                 return found
     return None
+
+
+def test_world_larger_than_gpu_count_is_refused_before_launch(monkeypatch):
+    import torch
+
+    from parity.harness.errors import ConfigError
+    from parity.harness.run import run_scenario
+    from parity.harness.runner import RunOptions
+    from parity.harness.scenario import make_scenario
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    s = make_scenario({"name": "gpu8", "device": "cuda", "world": 8, "ep": 8, "moe": True})
+    with pytest.raises(ConfigError, match="needs 8 GPUs") as e:
+        run_scenario(s, RunOptions(progress=False))
+    assert e.value.exit_code == 2

@@ -12,7 +12,7 @@ import time
 
 from parity.dist.launch import LaunchConfig, RankFailure, launch
 from parity.harness import report as rep
-from parity.harness.errors import RuntimeFailure
+from parity.harness.errors import ConfigError, RuntimeFailure
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
 
@@ -87,6 +87,15 @@ def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: 
 def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.0,
                  allow_nondeterministic: bool = False) -> tuple[dict, list[dict]]:
     """Returns (report entry, per-rank results)."""
+    if scenario.device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if scenario.world > have:
+            # NCCL needs one GPU per rank; refusing here beats a failure inside every rank.
+            raise ConfigError(f"scenario {scenario.name}: world {scenario.world} needs {scenario.world} "
+                              f"GPUs with NCCL (one rank per GPU); {have} visible. Run it on a machine "
+                              f"with enough GPUs, or lower --world/--ep")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parity-progress-") as prog:
         try:
