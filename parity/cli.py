@@ -7,12 +7,9 @@ Exit codes: 0 all checks pass; 1 a parity or golden mismatch; 2 bad usage, confi
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import sys
-import time
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RUNTIME = 0, 1, 2, 3
 DEFAULT_SCENARIO = "default"

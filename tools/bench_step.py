@@ -51,7 +51,6 @@ def main():
         torch.set_num_threads(1)
 
     from parity.dist.groups import build_groups
-    from parity.harness.runner import RunOptions
     from parity.harness.scenario import make_scenario
     from parity.harness.compare import compare_tensors
     from parity.optim.stack import Stack

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from parity.harness.errors import GoldenError, UsageError
-from parity.harness.golden import (GoldenRecorder, KeyRecord, describe_golden, golden_inventory,
+from parity.harness.errors import GoldenError
+from parity.harness.golden import (GoldenRecorder, KeyRecord, describe_golden,
                                    list_goldens, load_golden, regen_golden)
 from parity.harness.platform import platform_fingerprint, platform_id
 

@@ -12,7 +12,7 @@ import time
 
 from parity.dist.launch import LaunchConfig, RankFailure, launch
 from parity.harness import report as rep
-from parity.harness.errors import ConfigError, RuntimeFailure
+from parity.harness.errors import ConfigError
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
 

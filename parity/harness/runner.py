@@ -12,17 +12,17 @@ import hashlib
 import os
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from parity.dist.groups import build_groups
 from parity.harness.compare import compare_tensors
-from parity.harness.faults import HARNESS_FAULTS, Injection, bump_one_ulp
+from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.model import is_layer_wise_managed
-from parity.optim.stack import PHASES, Stack
+from parity.optim.stack import Stack
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -190,7 +190,8 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             ref = caps_b[phase]
             cur = live
             if phase == "param_sync":
-                cur, ref, pinned_drop = _param_keys(live, ref, pinned_drop, step, harness_faults, check)
+                cur, ref, pinned_drop = _param_keys(live, ref, pinned_drop, step, harness_faults, check,
+                                                    cfg_a.fp8_param_gather and not cfg_b.fp8_param_gather)
             if phase == "forward":
                 step_rec["loss_bits"] = loss_bits(live["loss"])
                 step_rec["loss"] = repr(float(live["loss"]))
@@ -243,7 +244,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     return res
 
 
-def _param_keys(live, ref, pinned_drop, step, harness_faults, check):
+def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop):
     """ON holds FP8 weights only as FP8 parts; OFF holds them as bf16 too. The bf16 keys ON
     drops are pinned at step 0: the set must stay the same and must not be empty when ON has
     FP8 params (an empty or shrinking set means the comparison lost coverage)."""
@@ -252,9 +253,11 @@ def _param_keys(live, ref, pinned_drop, step, harness_faults, check):
         cur = {}  # every param classified as quantized: nothing left to compare
         ref = {}
     dropped = sorted(set(ref) - set(cur))
-    has_fp8 = any(".fp8." in k for k in cur)
     if pinned_drop is None:
         pinned_drop = dropped
+        check(step, "dropped-set", bool(dropped) == expect_drop,
+              f"step {step}: {len(dropped)} param_sync keys only in OFF; expected "
+              f"{'some (the bf16 copies of FP8 weights)' if expect_drop else 'none'}")
     else:
         check(step, "dropped-set-stable", dropped == pinned_drop,
               f"step {step}: param_sync keys only in OFF changed from {len(pinned_drop)} to {len(dropped)}")
