@@ -43,8 +43,9 @@ class DDP:
         self.model, self.config, self.faults = model, config, frozenset(faults)
         self.names = {p: n for n, p in model.named_parameters()}
         self.dp_group, self.expt_dp_group = dp_group, expt_dp_group
-        groups = group_params_for_buffers(model.named_parameters(),
-                                          merge_layerwise_fp8_grads=config.merge_layerwise_fp8_grads)
+        groups = group_params_for_buffers(
+            model.named_parameters(), merge_layerwise_fp8_grads=config.merge_layerwise_fp8_grads,
+            honor_use_muon="routing-predicate-mismatch" not in self.faults)
         self.buffers, self.expert_buffers = [], []
         for key, params in groups.items():
             group = expt_dp_group if key.is_expert else dp_group

@@ -29,7 +29,7 @@ class BufferKey:
 
 
 def group_params_for_buffers(named_params, *, merge_layerwise_fp8_grads: bool = True,
-                             grad_dtype=torch.float32) -> dict[BufferKey, list]:
+                             grad_dtype=torch.float32, honor_use_muon: bool = True) -> dict[BufferKey, list]:
     """Group params into buffers in registration order.
 
     The merge rule keys FP8 LayerWise params by their logical dtype, so ON has the same single
@@ -39,7 +39,7 @@ def group_params_for_buffers(named_params, *, merge_layerwise_fp8_grads: bool = 
     for _, p in named_params:
         if not p.requires_grad:
             continue
-        lw = is_layer_wise_managed(p)
+        lw = is_layer_wise_managed(p, honor_use_muon=honor_use_muon)
         dtype = p.dtype
         if is_quantized_param(p) and not (merge_layerwise_fp8_grads and lw):
             dtype = torch.uint8

@@ -33,10 +33,10 @@ CATALOGUE = {
     "merge-allreduce-and-reduce-scatter-buckets": ("all-reduce and reduce-scatter buckets merged in one group", 14),
     "gather-payload-not-zeroed": ("grad buffer keeps the gather payload after the copy-back", 16),
     "staging-not-persisted": ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
+    "routing-predicate-mismatch": ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
+                                   "LayerWise buffer that no optimizer steps", 21),
 }
 PENDING = {
-    "routing-predicate-mismatch": ("a 2-D param with use_muon=False in a LayerWise buffer; the model "
-                                   "has no such param yet", 21),
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
 }
 # Faults in the harness rather than the stack.

@@ -143,6 +143,14 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
         check(-1, "ownership-agrees", all(t == tables[0] for t in tables),
               f"ranks of the {'expert-' if expert else ''}DP group disagree on LayerWise ownership "
               f"(a param owned by 0 or 2 ranks)")
+    # Every trainable param is stepped by exactly one optimizer: LayerWise (some rank owns it)
+    # or DistOpt (its buffer is sharded over the DP group).
+    lw_names = {n for n, _ in A.lw.ownership_table()}
+    do_names = {A.names[p] for b in A.do.buffers for p in b.params}
+    orphans = sorted(set(A.names.values()) - lw_names - do_names)
+    twice = sorted(lw_names & do_names)
+    check(-1, "optimizer-coverage", not orphans and not twice,
+          f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
     # Only owners may keep a high-precision init copy, and only until their master exists.
     kept = [A.names[p] for p in A.params if getattr(p, "hp_init", None) is not None]
     check(-1, "init-copies-dropped", not kept,

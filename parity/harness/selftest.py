@@ -19,6 +19,7 @@ SCENARIOS = {
     "w4-overlap-pair": dict(world=4, moe=True, ep=2, pair="overlap_param_gather"),
     "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
     "w1-moe": dict(world=1, moe=True),
+    "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
 }
 
 
@@ -61,6 +62,7 @@ CASES = {
     "merge-allreduce-and-reduce-scatter-buckets": ("w4-dense", Expect("mismatch", phase="grad_reduce", step=0)),
     "gather-payload-not-zeroed": ("w4-overlap-pair", Expect("mismatch", phase="grad_reduce", step=1)),
     "staging-not-persisted": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
+    "routing-predicate-mismatch": ("w2-adam-matrix", Expect("check", check="optimizer-coverage", step=-1)),
 }
 
 

@@ -35,6 +35,9 @@ class ModelConfig:
     """SwiGLU inner width of each expert."""
     init_std: float = 0.02
     """Std of the normal init of matrices."""
+    adam_matrix: bool = False
+    """Add a 2-D matrix excluded from Muon (``use_muon = False``, like Mamba's in_proj), trained by
+    Adam: the case where buffer routing and optimizer routing could disagree."""
 
     def __post_init__(self):
         def need(cond, msg):

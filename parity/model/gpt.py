@@ -118,10 +118,16 @@ class GPT(nn.Module):
             init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
         self.embed.weight.is_embedding_or_output = True
         self.head.weight.is_embedding_or_output = True
+        self.mix = None
+        if cfg.adam_matrix:
+            self.mix = nn.Parameter(init_value(seed, "mix", (H, H), std).to(device, torch.bfloat16))
+            self.mix.use_muon = False
 
     def forward(self, tokens, labels):
         S = tokens.shape[1]
         x = (self.embed(tokens).float() + self.ape[:S]).to(torch.bfloat16)
+        if self.mix is not None:
+            x = x + F.linear(x, self.mix)
         for layer in self.layers:
             x = layer(x)
         logits = self.head(self.final_norm(x))
@@ -129,9 +135,12 @@ class GPT(nn.Module):
         return loss, logits
 
 
-def is_layer_wise_managed(param) -> bool:
-    """Muon / LayerWise routing predicate: 2-D and not an embedding or output matrix."""
-    return param.dim() == 2 and not getattr(param, "is_embedding_or_output", False)
+def is_layer_wise_managed(param, *, honor_use_muon: bool = True) -> bool:
+    """Muon / LayerWise routing predicate: 2-D, not an embedding or output matrix, and not
+    excluded with ``use_muon = False``. Buffer routing and optimizer routing must both use it."""
+    if param.dim() != 2 or getattr(param, "is_embedding_or_output", False):
+        return False
+    return not honor_use_muon or getattr(param, "use_muon", True)
 
 
 def is_expert_param(param) -> bool:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parity.ddp import param_sync
-from parity.model import is_expert_param, is_quantized_param
+from parity.model import is_expert_param, is_layer_wise_managed, is_quantized_param
 from parity.optim.mixed_precision import copy_master_to_param, is_native_fp32, make_master
 from parity.optim.muon import Muon
 
@@ -35,7 +35,8 @@ class LayerWiseOptimizer:
             for p in buf.params:
                 self.identity[p] = (0, bi, buf.layout.index[p][0])
         self.lw_buffers = [b for b in bufs if b.key.is_layer_wise]
-        params = [p for b in self.lw_buffers for p in b.params]
+        # The optimizer's own routing predicate: only Muon-eligible params of LayerWise buffers.
+        params = [p for b in self.lw_buffers for p in b.params if is_layer_wise_managed(p)]
         dense = [p for p in params if not is_expert_param(p)]
         expert = [p for p in params if is_expert_param(p)]
         self.dense_lists = self._assign(dense, self.dp)
