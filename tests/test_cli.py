@@ -114,3 +114,16 @@ def test_world_larger_than_gpu_count_is_refused_before_launch(monkeypatch):
     with pytest.raises(ConfigError, match="needs 8 GPUs") as e:
         run_scenario(s, RunOptions(progress=False))
     assert e.value.exit_code == 2
+
+
+@pytest.mark.slow
+def test_pytest_plugin_collects_scenarios_and_regenerates(tmp_path):
+    (tmp_path / "tiny.toml").write_text('name = "plugin-tiny"\nworld = 2\nsteps = 2\n')
+    base = [sys.executable, "-m", "pytest", "--parity", str(tmp_path / "tiny.toml"), "-q",
+            "-p", "no:cacheprovider", "--parity-goldens", str(tmp_path / "g")]
+    run = lambda *extra: subprocess.run(base + list(extra), capture_output=True, text=True,
+                                        timeout=600, cwd=tmp_path)
+    missing = run()
+    assert missing.returncode == 1 and "golden missing" in missing.stdout
+    assert run("--parity-regen").returncode == 0
+    assert run().returncode == 0

@@ -22,6 +22,10 @@ def pytest_addoption(parser):
     g.addoption("--parity-goldens", default=None, help="golden root (default: the repo's goldens/)")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: multi-rank or long cases")
+
+
 def pytest_collect_file(parent, file_path):
     if parent.config.getoption("--parity") and file_path.suffix == ".toml":
         return ScenarioFile.from_parent(parent, path=file_path)
