@@ -22,6 +22,7 @@ Scale-grid padding is written as zeros (TE leaves it uninitialised).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,10 @@ RECIPES = ("blockwise", "mxfp8")
 BLOCKWISE_BLOCKS = ("1x128", "128x128")
 _HP_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SIGN_EXP_MASK = -8388608  # 0xFF800000 as int32: keep sign + exponent, clear 23 mantissa bits
+
+#: opt-in Triton kernels for CUDA inputs (parity/fp8/triton_quantize.py, byte-identical); this torch
+#: code stays the reference. Set PARITY_TRITON_QUANTIZE=1 before import, or assign at run time.
+USE_TRITON = os.environ.get("PARITY_TRITON_QUANTIZE") == "1"
 
 _BLOCK_ALIASES = {
     "1x128": "1x128", "1": "1x128", "1d": "1x128", "128x1": "1x128",
@@ -269,6 +274,11 @@ def _transpose_2d_parts(row_data: torch.Tensor, row_scale: torch.Tensor, M: int,
 def _quantize_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: bool, eps: float,
                     rowwise: bool, columnwise: bool) -> dict:
     """Storage tensors of a 2-D input (data 2-D: rowwise [M, K]; columnwise [K, M] or mxfp8 [M, K])."""
+    if USE_TRITON and x2.is_cuda and x2.numel() > 0:
+        from . import triton_quantize as _tq  # late: optional dependency
+
+        if _tq.triton_available():
+            return _tq.triton_parts(x2.contiguous(), recipe, block, fp8, pow2, eps, rowwise, columnwise)
     M, K = x2.shape
     parts = {}
     if recipe == "mxfp8":
