@@ -357,15 +357,24 @@ def quantize(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3", pow2
         raise ValueError(f"eps must be a non-negative number, got {eps}")
     x2 = _as_2d(x)
     M, K = x2.shape
+    check_recipe_args(recipe, M, K, pow2_scales, eps)
+    parts = _quantize_parts(x2, recipe, block, fp8, bool(pow2_scales), eps, rowwise, columnwise)
+    return wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise)
+
+
+def check_recipe_args(recipe: str, M: int, K: int, pow2_scales, eps) -> None:
+    """Arguments the recipe cannot honour (shared by every quantizer backend)."""
     if recipe == "mxfp8":
         _check_mx_shape(M, K)
         if not pow2_scales:
             raise ValueError("mxfp8 scales are E8M0 powers of two; pow2_scales=False is not supported")
         if eps != 0.0:
             raise ValueError("mxfp8 has no amax epsilon; eps must be 0")
-    parts = _quantize_parts(x2, recipe, block, fp8, bool(pow2_scales), eps, rowwise, columnwise)
+
+
+def wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise) -> QuantizedTensor:
+    """A QuantizedTensor over raw parts; data take the logical (row) / transposed (col) shapes."""
     shape = torch.Size(x.shape)
-    row_shape = shape
     col_shape = shape if recipe == "mxfp8" else torch.Size((shape[-1],) + tuple(shape[:-1]))
     return QuantizedTensor(
         shape=shape,
@@ -375,7 +384,7 @@ def quantize(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3", pow2
         fp8_dtype=fp8,
         pow2_scales=bool(pow2_scales),
         eps=eps,
-        rowwise_data=parts["rowwise_data"].view(row_shape) if rowwise else None,
+        rowwise_data=parts["rowwise_data"].view(shape) if rowwise else None,
         rowwise_scale_inv=parts.get("rowwise_scale_inv"),
         columnwise_data=parts["columnwise_data"].view(col_shape) if columnwise else None,
         columnwise_scale_inv=parts.get("columnwise_scale_inv"),

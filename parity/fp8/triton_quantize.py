@@ -43,9 +43,10 @@ from .quantize import (
     _as_2d,
     _ceil_div,
     _check_input,
-    _check_mx_shape,
     _pad_to,
     canonical_recipe,
+    check_recipe_args,
+    wrap_parts,
 )
 from .tensor import QuantizedTensor
 
@@ -425,25 +426,6 @@ def quantize_triton(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3
         raise ValueError(f"quantize_triton needs a CUDA tensor, got device {x.device}")
     x2 = _as_2d(x)
     M, K = x2.shape
-    if recipe == "mxfp8":
-        _check_mx_shape(M, K)
-        if not pow2_scales:
-            raise ValueError("mxfp8 scales are E8M0 powers of two; pow2_scales=False is not supported")
-        if eps != 0.0:
-            raise ValueError("mxfp8 has no amax epsilon; eps must be 0")
+    check_recipe_args(recipe, M, K, pow2_scales, eps)
     parts = triton_parts(x2, recipe, block, fp8, bool(pow2_scales), eps, rowwise, columnwise)
-    shape = torch.Size(x.shape)
-    col_shape = shape if recipe == "mxfp8" else torch.Size((shape[-1],) + tuple(shape[:-1]))
-    return QuantizedTensor(
-        shape=shape,
-        dtype=x.dtype,
-        recipe=recipe,
-        block=block,
-        fp8_dtype=fp8,
-        pow2_scales=bool(pow2_scales),
-        eps=eps,
-        rowwise_data=parts["rowwise_data"].view(shape) if rowwise else None,
-        rowwise_scale_inv=parts.get("rowwise_scale_inv"),
-        columnwise_data=parts["columnwise_data"].view(col_shape) if columnwise else None,
-        columnwise_scale_inv=parts.get("columnwise_scale_inv"),
-    )
+    return wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise)
