@@ -21,6 +21,7 @@ from parity.dist.groups import build_groups
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
 from parity.harness.scenario import Scenario
+from parity.harness.snapshot import tensor_sha256
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
 
@@ -56,8 +57,6 @@ class RunOptions:
 def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) -> None:
     """Golden records of side A: per phase one digest over all its tensors every step (the
     manifest stays small), per tensor at the last step; plus the loss as exact bits."""
-    from parity.harness.snapshot import tensor_sha256
-
     recs = out.setdefault(step, {"records": {}, "loss": None})
     shas = {k: tensor_sha256(v.detach()) for k, v in sorted(live.items())}
     combined = hashlib.sha256("".join(f"{k}={h};" for k, h in shas.items()).encode()).hexdigest()
@@ -68,11 +67,6 @@ def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) ->
     if phase == "forward":
         from parity.harness.golden import LossRecord
         recs["loss"] = LossRecord.from_tensor(live["loss"].reshape(()))
-
-
-def digest(t: torch.Tensor) -> str:
-    b = t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
-    return hashlib.sha256(b).hexdigest()[:32]
 
 
 def loss_bits(loss: torch.Tensor) -> str:
@@ -289,12 +283,12 @@ def compare_maps(step, phase, ref: dict, cur: dict, rank, record, check):
 def _replica_checks(step, stack: Stack, groups, check):
     """Every DP replica of every param (and every all-reduced LayerWise grad) must be identical."""
     tensors = stack.param_tensors()
-    dense = {k: digest(v) for k, v in tensors.items() if not _is_expert_name(k)}
-    expert = {k: digest(v) for k, v in tensors.items() if _is_expert_name(k)}
+    dense = {k: tensor_sha256(v) for k, v in tensors.items() if not _is_expert_name(k)}
+    expert = {k: tensor_sha256(v) for k, v in tensors.items() if _is_expert_name(k)}
     for p in stack.params:
         buf_cfg = stack.ddp.group_of[id(p)]
         if not buf_cfg.use_distributed_optimizer:
-            (expert if _is_expert_name(stack.names[p]) else dense)[f"main_grad:{stack.names[p]}"] = digest(p.main_grad)
+            (expert if _is_expert_name(stack.names[p]) else dense)[f"main_grad:{stack.names[p]}"] = tensor_sha256(p.main_grad)
     for name, table, group, size in (("dp", dense, groups.dp_group, groups.dp),
                                      ("expert-dp", expert, groups.expt_dp_group, groups.expt_dp)):
         if size == 1 or not table:
