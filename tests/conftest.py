@@ -21,3 +21,12 @@ def single_rank():
         dist.init_process_group("gloo", rank=0, world_size=1)
         torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture
+def one_intra_op_thread():
+    """Small tensors: one intra-op thread is much faster, above all with xdist workers on 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

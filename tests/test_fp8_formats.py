@@ -28,13 +28,7 @@ from parity.fp8.formats import (
 _LAYOUT = {"e4m3": (4, 3, 7), "e5m2": (5, 2, 15)}  # exponent bits, mantissa bits, bias
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """Small tensors: one intra-op thread is much faster, above all with xdist workers on 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def _decode_code(code: int, fmt: str) -> float:

@@ -16,12 +16,7 @@ F32 = torch.float32
 BF16 = torch.bfloat16
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 # ---------------------------------------------------------------------------------------------

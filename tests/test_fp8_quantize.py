@@ -19,13 +19,7 @@ MAXBYTE = {"e4m3": 0x7E, "e5m2": 0x7B}
 VINF_BITS = {torch.bfloat16: 0x7F7F0000, torch.float16: 0x477FE000, torch.float32: 0x7F7FFFFF}
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """Small tensors: one intra-op thread is much faster, above all with xdist workers on 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,13 +30,7 @@ def _load():
 CASES, TENSORS = _load()
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """Small tensors: one intra-op thread is much faster, above all with xdist workers on 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

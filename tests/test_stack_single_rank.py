@@ -83,3 +83,23 @@ def test_fp8_params_are_quantized_and_persist_fewer_bytes():
     p_on = dict(on.named_parameters())[q_on[0]]
     p_off = dict(off.named_parameters())[q_on[0]]
     assert torch.equal(p_on.get_high_precision_init_val().view(torch.int16), p_off.detach().view(torch.int16))
+
+
+def test_param_sync_dropped_set_checks_can_fail():
+    """The pinned set of OFF-only param keys: required non-empty when only ON holds FP8 weights,
+    required empty otherwise, and required stable after step 0."""
+    from parity.harness.runner import _param_keys
+
+    t = torch.zeros(1)
+    on = {"w.fp8.rowwise_data": t, "norm": t}
+    off = {"w": t, "w.fp8.rowwise_data": t, "norm": t}
+    results = []
+    check = lambda step, name, ok, msg: results.append((name, ok))
+    _, ref, pinned = _param_keys(on, off, None, 0, set(), check, expect_drop=True)
+    assert pinned == ["w"] and set(ref) == set(on) and results == [("dropped-set", True)]
+    _param_keys(on, off, None, 0, set(), check, expect_drop=False)
+    assert results[-1] == ("dropped-set", False)
+    _param_keys(on, {**off, "extra": t}, pinned, 1, set(), check, expect_drop=True)
+    assert results[-1] == ("dropped-set-stable", False)
+    _param_keys(on, off, pinned, 2, set(), check, expect_drop=True)
+    assert results[-1] == ("dropped-set-stable", True)

@@ -347,6 +347,15 @@ def quantize(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3", pow2
     with E8M0 scales; M and K must be multiples of 32; scales are always powers of two and there is
     no epsilon (pow2_scales=False or eps != 0 are refused).
     """
+    x2, recipe, block, fp8, eps = prepare_args(x, recipe, block, fp8_dtype, pow2_scales, eps,
+                                               rowwise, columnwise)
+    parts = _quantize_parts(x2, recipe, block, fp8, bool(pow2_scales), eps, rowwise, columnwise)
+    return wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise)
+
+
+def prepare_args(x, recipe, block, fp8_dtype, pow2_scales, eps, rowwise, columnwise):
+    """Validate and canonicalise quantize() arguments (shared by every quantizer backend).
+    Returns (x viewed as [M, K], recipe, block, fp8 dtype name, eps as float)."""
     _check_input(x)
     recipe, block = canonical_recipe(recipe, block)
     fp8 = canonical_fp8_dtype(fp8_dtype)
@@ -357,19 +366,13 @@ def quantize(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3", pow2
         raise ValueError(f"eps must be a non-negative number, got {eps}")
     x2 = _as_2d(x)
     M, K = x2.shape
-    check_recipe_args(recipe, M, K, pow2_scales, eps)
-    parts = _quantize_parts(x2, recipe, block, fp8, bool(pow2_scales), eps, rowwise, columnwise)
-    return wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise)
-
-
-def check_recipe_args(recipe: str, M: int, K: int, pow2_scales, eps) -> None:
-    """Arguments the recipe cannot honour (shared by every quantizer backend)."""
     if recipe == "mxfp8":
         _check_mx_shape(M, K)
         if not pow2_scales:
             raise ValueError("mxfp8 scales are E8M0 powers of two; pow2_scales=False is not supported")
         if eps != 0.0:
             raise ValueError("mxfp8 has no amax epsilon; eps must be 0")
+    return x2, recipe, block, fp8, eps
 
 
 def wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise) -> QuantizedTensor:

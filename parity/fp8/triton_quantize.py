@@ -36,16 +36,13 @@ import os
 
 import torch
 
-from .formats import FP8_MAX, FP8_RCP_MAX, canonical_fp8_dtype
+from .formats import FP8_MAX, FP8_RCP_MAX
 from .quantize import (
     BLOCK_LEN,
     MX_BLOCK_LEN,
-    _as_2d,
     _ceil_div,
-    _check_input,
     _pad_to,
-    canonical_recipe,
-    check_recipe_args,
+    prepare_args,
     wrap_parts,
 )
 from .tensor import QuantizedTensor
@@ -414,18 +411,9 @@ def quantize_triton(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3
 
     Needs a CUDA tensor and an importable triton (or ``TRITON_INTERPRET=1`` and a CPU tensor).
     """
-    _check_input(x)
-    recipe, block = canonical_recipe(recipe, block)
-    fp8 = canonical_fp8_dtype(fp8_dtype)
-    if not (rowwise or columnwise):
-        raise ValueError("at least one of rowwise/columnwise must be True")
-    eps = float(eps)
-    if not eps >= 0.0:
-        raise ValueError(f"eps must be a non-negative number, got {eps}")
     if not (x.is_cuda or _interpreting()):
         raise ValueError(f"quantize_triton needs a CUDA tensor, got device {x.device}")
-    x2 = _as_2d(x)
-    M, K = x2.shape
-    check_recipe_args(recipe, M, K, pow2_scales, eps)
+    x2, recipe, block, fp8, eps = prepare_args(x, recipe, block, fp8_dtype, pow2_scales, eps,
+                                               rowwise, columnwise)
     parts = triton_parts(x2, recipe, block, fp8, bool(pow2_scales), eps, rowwise, columnwise)
     return wrap_parts(x, parts, recipe, block, fp8, pow2_scales, eps, rowwise, columnwise)

@@ -48,8 +48,6 @@ class RunOptions:
     """Stop at the first divergent step."""
     golden_digests: bool = True
     """Return per-tensor digests of side A for golden records."""
-    golden_tensors: bool = False
-    """Return side A's full tensors too (golden regeneration of small scenarios)."""
     progress: bool = True
     """Rank 0 prints 'step k/N' lines."""
 
@@ -111,7 +109,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     star = _first_layer_wise_matrix(A)
 
     res = {"rank": rank, "steps": [], "divergences": [], "compared": 0, "compared_by_phase": {},
-           "messages": [], "golden": {}, "tensors": {}, "checks": [], "buffers": A.ddp.buffer_report(),
+           "messages": [], "golden": {}, "checks": [], "buffers": A.ddp.buffer_report(),
            "persistent_bytes": {"A": A.persistent_bytes(), "B": B.persistent_bytes()},
            "ownership": A.lw.ownership_table(), "first_divergence": None}
 
@@ -160,6 +158,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     pinned_drop = None
     snaps = {}
     scan_nonfinite = [False]
+    params_a = [None]
     res["nonfinite"] = []
     for step in range(scenario.steps):
         _beat(step, "start")
@@ -210,7 +209,9 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             compare_maps(step, phase, ref, cur, rank, record, check)
             if opts.golden_digests:
                 _golden_records(res["golden"], step, phase, live, last=step == scenario.steps - 1)
-            if opts.snapshot == "all" or opts.golden_tensors:
+            if phase == "param_sync":
+                params_a[0] = live  # the replica check hashes these: no second param_tensors()
+            if opts.snapshot == "all":
                 caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
             elif opts.snapshot == "divergent" and len(res["divergences"]) > n_before:
                 # Copy the differing tensors now: later phases update A's tensors in place.
@@ -231,14 +232,12 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             else:
                 check(step, "grad-buffer-clean", A.grad_buffer_clean,
                       f"step {step}: LayerWise grad_data not zero after force_sync (gather payload left)")
-        _replica_checks(step, A, groups, check)
+        _replica_checks(step, A, params_a[0], groups, check)
         step_div = [d for d in res["divergences"] if d["step"] == step]
         step_rec["n_div"] = len(step_div)
         res["steps"].append(step_rec)
         if opts.snapshot == "all" or (opts.snapshot == "divergent" and step_div):
             snaps[step] = _snapshot_tensors(caps_a, caps_b, step_div, opts.snapshot)
-        if opts.golden_tensors:
-            res["tensors"][step] = {f"{ph}/{k}": v for ph, d in caps_a.items() for k, v in d.items()}
         if opts.fail_fast and (step_div or any(not c["ok"] for c in res["checks"])):
             break
     res["snapshots"] = _write_snapshots(snaps, scenario, rank, opts) if snaps else []
@@ -280,9 +279,9 @@ def compare_maps(step, phase, ref: dict, cur: dict, rank, record, check):
         record(step, phase, compare_tensors(ref[k], cur[k], path))
 
 
-def _replica_checks(step, stack: Stack, groups, check):
-    """Every DP replica of every param (and every all-reduced LayerWise grad) must be identical."""
-    tensors = stack.param_tensors()
+def _replica_checks(step, stack: Stack, tensors: dict, groups, check):
+    """Every DP replica of every param (and every all-reduced LayerWise grad) must be identical.
+    ``tensors``: this step's param_sync tensors of ``stack``."""
     dense = {k: tensor_sha256(v) for k, v in tensors.items() if not _is_expert_name(k)}
     expert = {k: tensor_sha256(v) for k, v in tensors.items() if _is_expert_name(k)}
     for p in stack.params:

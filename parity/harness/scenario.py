@@ -68,8 +68,6 @@ class Scenario:
     """'cpu' (gloo) or 'cuda' (NCCL, one rank per GPU)."""
     model: dict = field(default_factory=dict)
     """Overrides of ModelConfig fields."""
-    golden_tensors: bool = True
-    """Store full tensors in goldens (small scenarios) besides digests."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
@@ -103,7 +101,6 @@ class Scenario:
     def fingerprint(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("source")
-        d.pop("golden_tensors")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
@@ -115,8 +112,7 @@ class Scenario:
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "overlap": bool,
          "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "lr": float,
-         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
-         "golden_tensors": bool}
+         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict}
 
 
 def _err(src, key, msg):
