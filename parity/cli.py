@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_RUNTIME
     except Exception as e:  # never a traceback for the user; PARITY_DEBUG=1 shows it
-        from parity.dist.determinism import DeterminismError
+        from parity.distributed.determinism import DeterminismError
 
         if isinstance(e, DeterminismError):
             print(f"parity: {_one_line(e)}", file=sys.stderr)
@@ -229,9 +229,9 @@ def cmd_run(args, argv) -> int:
     from parity.harness import report as rep
     from parity.harness.errors import RuntimeFailure
     from parity.harness.faults import parse_injection
-    from parity.harness.run import run_scenario
-    from parity.harness.runner import RunOptions
     from parity.harness.platform import platform_fingerprint
+    from parity.harness.driver import run_scenario
+    from parity.harness.runner import RunOptions
 
     _check_determinism_env(args.allow_nondeterministic)
     injections = tuple(parse_injection(s) for s in args.inject)
@@ -328,7 +328,7 @@ def _check_writable_file(path: str, what: str) -> None:
 def _check_determinism_env(allow: bool) -> None:
     """Refuse a determinism environment that contradicts the contract before any rank starts
     (the ranks and the launcher check it too, but only after the scenarios are loaded)."""
-    from parity.dist.determinism import validate_determinism_env
+    from parity.distributed.determinism import validate_determinism_env
     from parity.harness.errors import ConfigError
 
     violations = validate_determinism_env(os.environ)
@@ -407,7 +407,7 @@ def cmd_list(args, argv) -> int:
 
 
 def cmd_golden(args, argv) -> int:
-    from parity.harness.goldens_cli import golden_command, default_root
+    from parity.harness.goldens_cli import default_root, golden_command
 
     if args.action in ("check", "regen"):
         _check_determinism_env(False)

@@ -50,9 +50,9 @@ def main():
     if device.type == "cpu":
         torch.set_num_threads(1)
 
-    from parity.dist.groups import build_groups
-    from parity.harness.scenario import make_scenario
+    from parity.distributed.groups import build_groups
     from parity.harness.compare import compare_tensors
+    from parity.harness.scenario import make_scenario
     from parity.optim.stack import Stack
 
     model = {}

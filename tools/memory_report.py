@@ -12,7 +12,8 @@ import json
 
 def _rank(ctx, world, moe, recipe, bucket):
     import torch
-    from parity.dist.groups import build_groups
+
+    from parity.distributed.groups import build_groups
     from parity.harness.scenario import make_scenario
     from parity.optim.stack import Stack
 
@@ -37,7 +38,7 @@ def main():
     ap.add_argument("--bucket-size", type=int, default=4096)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from parity.dist.launch import LaunchConfig, launch
+    from parity.harness.launch import LaunchConfig, launch
 
     res = launch(_rank, LaunchConfig(world_size=args.world, prefix_output=False), args.world, args.moe,
                  args.recipe, args.bucket_size)[0]

@@ -1,4 +1,4 @@
-"""Contiguous param/grad buffers, buckets and bucket groups (megatron.md s2.3-2.4)."""
+"""Contiguous param/grad buffers, buckets and bucket groups (docs/spec/megatron.md s2.3-2.4)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,14 @@ import torch.distributed as dist
 
 from parity.ddp import param_sync
 from parity.ddp.buffers import BufferConfig, ParamAndGradBuffer, partition_buckets
-from parity.ddp.layout import compact_layout, distopt_layout, group_params_for_buffers, padded_layer_wise_layout
+from parity.ddp.layout import (
+    compact_layout,
+    distopt_layout,
+    group_params_for_buffers,
+    padded_layer_wise_layout,
+)
 from parity.model.fp8_linear import FP8Linear
+from parity.vocab import Fault
 
 LAYOUTS = ("compact", "padded")
 
@@ -45,7 +51,7 @@ class DDP:
         self.dp_group, self.expt_dp_group = dp_group, expt_dp_group
         groups = group_params_for_buffers(
             model.named_parameters(), merge_layerwise_fp8_grads=config.merge_layerwise_fp8_grads,
-            honor_use_muon="routing-predicate-mismatch" not in self.faults)
+            honor_use_muon=Fault.ROUTING_PREDICATE_MISMATCH not in self.faults)
         self.buffers, self.expert_buffers = [], []
         for key, params in groups.items():
             group = expt_dp_group if key.is_expert else dp_group
@@ -58,7 +64,7 @@ class DDP:
                 lay, cfg = distopt_layout(params, config.bucket_size, dp), BufferConfig(True)
             buf = ParamAndGradBuffer(key, params, lay, cfg, group, device)
             (self.expert_buffers if key.is_expert else self.buffers).append(buf)
-        merge = "merge-allreduce-and-reduce-scatter-buckets" in self.faults
+        merge = Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS in self.faults
         self.bucket_groups = []
         for bufs in (self.buffers, self.expert_buffers):
             if bufs:
@@ -113,7 +119,7 @@ class DDP:
         for g in self.bucket_groups:
             g.finish_grad_sync()
 
-    # -- deferred LayerWise param gather (megatron.md s2.10-2.11) ----------------------------
+    # -- deferred LayerWise param gather (docs/spec/megatron.md s2.10-2.11) ----------------------------
     def enable_forward_pre_hook(self):
         if self._pre_hooks:
             return
@@ -155,7 +161,7 @@ class DDP:
             if force_sync and g.param_gather_handle is not None:
                 # A gather is pending: finish it now, or params stay stale and the payload
                 # stays in grad_data (the force_sync fix).
-                if "force-sync-stale" in self.faults:
+                if Fault.FORCE_SYNC_STALE in self.faults:
                     g.param_gather_handle = None  # waited, but no copy-back and no zeroing
                     for b in g.buckets:
                         b.gather_slots = None
@@ -208,10 +214,10 @@ class DDP:
                 continue
             flat, sizes = b.gather_slots
             staged = b.layerwise_fp8_staged
-            if "staging-not-persisted" in self.faults:
+            if Fault.STAGING_NOT_PERSISTED in self.faults:
                 staged = not staged
             param_sync.copy_back_all(b.layerwise_lists, flat, sizes, staged, my)
             b.gather_slots = None
-            if "gather-payload-not-zeroed" not in self.faults:
+            if Fault.GATHER_PAYLOAD_NOT_ZEROED not in self.faults:
                 b.grad_data.zero_()
         g.param_gather_handle = None

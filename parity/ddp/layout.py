@@ -1,4 +1,4 @@
-"""Buffer grouping and the three per-buffer layouts (megatron.md s2.1-2.2).
+"""Buffer grouping and the three per-buffer layouts (docs/spec/megatron.md s2.1-2.2).
 
 Every layout walks a buffer's params in reverse (backprop) order, so offset 0 holds the last
 defined parameter, and returns ``param -> (start, end, bucket_id)`` plus bucket boundaries.

@@ -1,15 +1,16 @@
 """Whole-param LayerWise gather: staging, copy-back, and the deferred (overlapped) bucket path.
 
 Shared by the optimizer's eager ``allgather_params`` and the forward-pre-hook path, so the two
-cannot disagree on what is staged or how the payload is read back (megatron.md s2.9-2.12).
+cannot disagree on what is staged or how the payload is read back (docs/spec/megatron.md s2.9-2.12).
 """
 
 from __future__ import annotations
 
 import torch
 
-from parity.dist.collectives import all_gather_uneven_into
+from parity.distributed.collectives import all_gather_uneven_into
 from parity.model import is_quantized_param
+from parity.vocab import Fault
 
 
 def transport_dtype(fp8_staged: bool, params) -> torch.dtype:
@@ -23,7 +24,7 @@ def is_fp8_staged(params, faults=frozenset()) -> bool:
     FP8 matrices next to bf16 ones, e.g. the router)."""
     if not params:
         return False
-    if "mixed-bucket-head" in faults:
+    if Fault.MIXED_BUCKET_HEAD in faults:
         return is_quantized_param(params[0])
     return any(is_quantized_param(p) for p in params)
 

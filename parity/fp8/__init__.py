@@ -26,8 +26,8 @@ from .formats import (
     input_dtype_max,
 )
 from .gemm import Operand, fp8_gemm, scaled_mm_supported
-from .tensor import QuantizedTensor, is_quantized_tensor
 from .quantize import blockwise_scale_from_amax, mxfp8_e8m0_from_amax, quantize
+from .tensor import QuantizedTensor, is_quantized_tensor
 
 __all__ = [
     "E4M3",

@@ -47,10 +47,10 @@ FP8_TORCH_DTYPE = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
 #: byte of +max (the byte of -max is this | 0x80)
 FP8_MAX_BYTE = {E4M3: 0x7E, E5M2: 0x7B}
 
-#: canonical NaN byte written for any NaN input (te.md section 0)
+#: canonical NaN byte written for any NaN input (docs/spec/te.md section 0)
 FP8_NAN_BYTE = 0x7F
 
-#: ``RN32(1 / fp8max)``: 1/max computed in double and stored as float (te.md 2.2)
+#: ``RN32(1 / fp8max)``: 1/max computed in double and stored as float (docs/spec/te.md 2.2)
 FP8_RCP_MAX = {E4M3: float(torch.tensor(1.0 / 448.0, dtype=torch.float32)),
                E5M2: float(torch.tensor(1.0 / 57344.0, dtype=torch.float32))}
 
@@ -85,7 +85,7 @@ _INPUT_MAX_BITS = {
 
 
 def input_dtype_max(dtype: torch.dtype) -> float:
-    """Largest finite value of a high-precision input dtype, as an exact fp32 value ("Vinf", te.md 1.2)."""
+    """Largest finite value of a high-precision input dtype, as an exact fp32 value ("Vinf", docs/spec/te.md 1.2)."""
     try:
         bits = _INPUT_MAX_BITS[dtype]
     except KeyError:
@@ -129,7 +129,7 @@ def _bits_to_f32(bits: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_from_fp32(v: torch.Tensor) -> torch.Tensor:
-    """E8M0 biased exponent of ``v`` rounded *up* to a power of two (te.md 2.2), as uint8.
+    """E8M0 biased exponent of ``v`` rounded *up* to a power of two (docs/spec/te.md 2.2), as uint8.
 
     Meant for v >= 0 (the sign bit is ignored). NaN -> 255; +inf -> 254; 0 -> 0; otherwise
     ``clamp(ceil(log2 v) + 127, 0, 254)``: with E the exponent field and F the mantissa field,

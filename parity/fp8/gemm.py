@@ -1,6 +1,6 @@
 """Block-scaled FP8 GEMM: ``a @ b^T`` on canonical operands, emulated or through torch's scaled_mm.
 
-The emulated backend is a model of cuBLAS's block-scaled GEMM (te.md section 4): for each K block,
+The emulated backend is a model of cuBLAS's block-scaled GEMM (docs/spec/te.md section 4): for each K block,
 in increasing order,
 
     p = RN32(exact dot product of the fp8 values over the block)
@@ -14,7 +14,7 @@ written back into ``accumulate_into``.
 The scale rule was measured on an H200 (torch 2.11 + cuBLAS 13.0, ``F.scaled_mm``), feeding the
 model the hardware's own per-block partials: with non-power-of-two scales the 1Dx1D rule above and
 the scale-product rule for 1Dx2D / 2Dx1D reproduced every output bit, while TE's reference order
-(``fma(RN32(p*s_1D), s_other, y)``, te.md 4) did not for the 2D pairs (~50% of fp32 outputs
+(``fma(RN32(p*s_1D), s_other, y)``, docs/spec/te.md 4) did not for the 2D pairs (~50% of fp32 outputs
 differed). With power-of-two scales (TE's default and the only setting TE's exact GEMM test uses)
 all orders give the same bits.
 

@@ -27,12 +27,14 @@ import os
 import torch
 import torch.nn.functional as F
 
+from parity.vocab import Recipe
+
 from .formats import (
     FP8_MAX,
     FP8_MAX_BYTE,
     FP8_NAN_BYTE,
-    FP8_TORCH_DTYPE,
     FP8_RCP_MAX,
+    FP8_TORCH_DTYPE,
     canonical_fp8_dtype,
     e8m0_from_fp32,
     e8m0_quant_scale,
@@ -52,7 +54,7 @@ __all__ = [
 
 BLOCK_LEN = 128
 MX_BLOCK_LEN = 32
-RECIPES = ("blockwise", "mxfp8")
+RECIPES = tuple(Recipe)
 BLOCKWISE_BLOCKS = ("1x128", "128x128")
 _HP_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SIGN_EXP_MASK = -8388608  # 0xFF800000 as int32: keep sign + exponent, clear 23 mantissa bits
@@ -98,7 +100,7 @@ def canonical_recipe(recipe: str, block=None) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# scale math (te.md 1.2 and 2.2)
+# scale math (docs/spec/te.md 1.2 and 2.2)
 # ------------------------------------------------------------------------------------------------
 
 def nan_ignoring_abs(x: torch.Tensor) -> torch.Tensor:
@@ -109,7 +111,7 @@ def nan_ignoring_abs(x: torch.Tensor) -> torch.Tensor:
 
 def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.dtype, *,
                               pow2_scales: bool = True, eps: float = 0.0):
-    """(scale, scale_inv) fp32 tensors from NaN-free fp32 block amaxes, exactly as TE (te.md 1.2).
+    """(scale, scale_inv) fp32 tensors from NaN-free fp32 block amaxes, exactly as TE (docs/spec/te.md 1.2).
 
     1. a < eps -> a = eps;  2. a in {0, +inf, NaN} -> scale 1;  3. s = RN32(fp8max / a) (IEEE div);
     4. s == inf -> s = Vinf (max of the *input* dtype);  5. pow2: clear the mantissa bits;
@@ -124,7 +126,7 @@ def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.
         a = torch.where(a < eps32, eps32, a)
     unit = (a == math.inf) | (a == 0.0) | torch.isnan(a)
     # torch.div(full, a), NOT `fmax / a`: Tensor.__rtruediv__ computes reciprocal(a) * fmax, which
-    # is not the correctly rounded quotient (te.md 3).
+    # is not the correctly rounded quotient (docs/spec/te.md 3).
     s = torch.div(torch.full_like(a, fmax), a)
     s = torch.where(s == math.inf, input_dtype_max(input_dtype), s)
     if pow2_scales:
@@ -135,7 +137,7 @@ def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.
 
 
 def mxfp8_e8m0_from_amax(amax: torch.Tensor, fp8_dtype) -> torch.Tensor:
-    """E8M0 bytes of ``RN32(amax * RN32(1/fp8max))`` rounded up to a power of two (te.md 2.2)."""
+    """E8M0 bytes of ``RN32(amax * RN32(1/fp8max))`` rounded up to a power of two (docs/spec/te.md 2.2)."""
     if amax.dtype != torch.float32:
         raise TypeError(f"amax must be float32, got {amax.dtype}")
     v = amax * FP8_RCP_MAX[canonical_fp8_dtype(fp8_dtype)]  # a multiply by the rounded reciprocal
@@ -305,7 +307,7 @@ def _quantize_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: b
             parts["columnwise_data"] = q
             parts["columnwise_scale_inv"] = _padded(s, Mb, _pad_to(K, 4))
         return parts
-    # 128x128: quantize once; the columnwise copy is the exact transpose (te.md 1.4)
+    # 128x128: quantize once; the columnwise copy is the exact transpose (docs/spec/te.md 1.4)
     q, s = _quantize_128x128(x2, fp8, pow2, eps)
     row_scale = _padded(s, Mb, _pad_to(Kb, 4))
     if rowwise:

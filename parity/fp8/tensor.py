@@ -155,7 +155,7 @@ class QuantizedTensor:
 
     # -------------------------------------------------------------------------------- dequantize
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """High-precision values: fp32(q) * scale_inv in fp32, then rounded to ``dtype`` (te.md 1.5, 2.2).
+        """High-precision values: fp32(q) * scale_inv in fp32, then rounded to ``dtype`` (docs/spec/te.md 1.5, 2.2).
 
         Uses the rowwise copy if present, else the columnwise copy.
         """

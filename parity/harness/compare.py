@@ -56,9 +56,9 @@ from typing import Any
 import torch
 
 from parity.harness.errors import MismatchError, UsageError, VacuousComparisonError
+from parity.vocab import STEP_PHASES
 
 __all__ = [
-    "PHASES",
     "ULP_BUCKETS",
     "ULP_NAN",
     "ULP_SATURATED",
@@ -75,7 +75,6 @@ __all__ = [
 
 # Phases in the order a step produces them; used to sort reports so that the
 # first failure listed is the earliest one in the step.
-PHASES: tuple[str, ...] = ("forward", "grad_local", "grad_reduce", "optimizer", "param_sync")
 
 # Histogram buckets (the tt-metal convention), counted over ALL elements.
 ULP_BUCKETS: tuple[str, ...] = ("0", "1", "2", "3-10", "11-100", ">100")
@@ -580,9 +579,9 @@ def phase_of(key: str) -> str:
 
 def _phase_rank(key: str) -> int:
     try:
-        return PHASES.index(phase_of(key))
+        return STEP_PHASES.index(phase_of(key))
     except ValueError:
-        return len(PHASES)
+        return len(STEP_PHASES)
 
 
 def _ordered_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

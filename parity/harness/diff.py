@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from parity.harness.compare import PHASES, TensorDiff, compare_tensors
+from parity.harness.compare import TensorDiff, compare_tensors
 from parity.harness.errors import SnapshotError, UsageError
 from parity.harness.snapshot import SNAPSHOT_SUFFIX, read_snapshot
+from parity.vocab import STEP_PHASES
 
 __all__ = ["DiffResult", "diff_files", "diff_dirs", "diff_paths", "diff_command"]
 
-_PHASE_IDX = {p: i for i, p in enumerate(("init",) + tuple(PHASES))}
+_PHASE_IDX = {p: i for i, p in enumerate(("init",) + tuple(STEP_PHASES))}
 
 
 @dataclass

@@ -14,33 +14,34 @@ from dataclasses import dataclass
 import torch
 
 from parity.harness.errors import UsageError
+from parity.vocab import STEP_PHASES, Fault
 
-# name -> (what the fault reverts, megatron.md s5 item)
+# name -> (what the fault reverts, docs/spec/megatron.md s5 item)
 CATALOGUE = {
-    "split-grad-buffers": ("FP8 Muon grads keyed uint8: two all-reduce buffers where OFF has one", 1),
-    "numel-only-ownership": ("ownership sorted by numel only; ties broken by rank-local insertion order", 2),
-    "vacuous-param-compare": ("every param classified as quantized, so the param compare sees {} vs {}", 3),
-    "zeros-vs-zeros": ("grad-buffer check compares zeros with zeros instead of stating the post-condition", 4),
-    "sample-before-deferred-gather": ("params sampled right after step() while the gather is still deferred", 5),
-    "no-rearm-after-force-sync": ("forced sync leaves param_gather_dispatched set; pre-hooks become no-ops", 5),
-    "force-sync-stale": ("force_sync returns without finalizing a pending LayerWise gather", 6),
-    "rank0-empty-slot": ("gather helper reads dtype/device from rank 0's (possibly empty) list", 7),
-    "fp32-via-bf16": ("native fp32 Muon params gathered through the bf16-staged path", 8),
-    "mixed-bucket-head": ("bucket staging decided by its first param instead of any param", 9),
-    "master-from-fp8-dequant": ("fp32 master seeded from the FP8 dequantization, not the init value", 10),
-    "keep-nonowned-init-copy": ("non-owned params keep their high-precision init copy", 11),
-    "fp32-master-direct-to-fp8": ("FP8 param written as Q(fp32 master) instead of Q(bf16(master))", 13),
-    "merge-allreduce-and-reduce-scatter-buckets": ("all-reduce and reduce-scatter buckets merged in one group", 14),
-    "gather-payload-not-zeroed": ("grad buffer keeps the gather payload after the copy-back", 16),
-    "staging-not-persisted": ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
-    "routing-predicate-mismatch": ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
+    Fault.SPLIT_GRAD_BUFFERS: ("FP8 Muon grads keyed uint8: two all-reduce buffers where OFF has one", 1),
+    Fault.NUMEL_ONLY_OWNERSHIP: ("ownership sorted by numel only; ties broken by rank-local insertion order", 2),
+    Fault.VACUOUS_PARAM_COMPARE: ("every param classified as quantized, so the param compare sees {} vs {}", 3),
+    Fault.ZEROS_VS_ZEROS: ("grad-buffer check compares zeros with zeros instead of stating the post-condition", 4),
+    Fault.SAMPLE_BEFORE_DEFERRED_GATHER: ("params sampled right after step() while the gather is still deferred", 5),
+    Fault.NO_REARM_AFTER_FORCE_SYNC: ("forced sync leaves param_gather_dispatched set; pre-hooks become no-ops", 5),
+    Fault.FORCE_SYNC_STALE: ("force_sync returns without finalizing a pending LayerWise gather", 6),
+    Fault.RANK0_EMPTY_SLOT: ("gather helper reads dtype/device from rank 0's (possibly empty) list", 7),
+    Fault.FP32_VIA_BF16: ("native fp32 Muon params gathered through the bf16-staged path", 8),
+    Fault.MIXED_BUCKET_HEAD: ("bucket staging decided by its first param instead of any param", 9),
+    Fault.MASTER_FROM_FP8_DEQUANT: ("fp32 master seeded from the FP8 dequantization, not the init value", 10),
+    Fault.KEEP_NONOWNED_INIT_COPY: ("non-owned params keep their high-precision init copy", 11),
+    Fault.FP32_MASTER_DIRECT_TO_FP8: ("FP8 param written as Q(fp32 master) instead of Q(bf16(master))", 13),
+    Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS: ("all-reduce and reduce-scatter buckets merged in one group", 14),
+    Fault.GATHER_PAYLOAD_NOT_ZEROED: ("grad buffer keeps the gather payload after the copy-back", 16),
+    Fault.STAGING_NOT_PERSISTED: ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
+    Fault.ROUTING_PREDICATE_MISMATCH: ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
                                    "LayerWise buffer that no optimizer steps", 21),
 }
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
 }
 # Faults in the harness rather than the stack.
-HARNESS_FAULTS = {"vacuous-param-compare", "zeros-vs-zeros"}
+HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE, Fault.ZEROS_VS_ZEROS}
 
 
 @dataclass(frozen=True)
@@ -50,27 +51,25 @@ class Injection:
     phase: str = ""
     param: str = ""
     rank: int = -1
-    name: str = ""
+    name: Fault | None = None
 
     def __str__(self):
         if self.kind == "ulp":
             return f"ulp:{self.step}:{self.phase}:{self.param}"
         if self.kind in ("crash", "hang"):
             return f"{self.kind}:{self.rank}:{self.step}"
-        return self.name
+        return str(self.name)
 
 
 def parse_injection(spec: str) -> Injection:
-    from parity.optim.stack import PHASES
-
     parts = spec.split(":")
     try:
         if parts[0] == "ulp":
             if len(parts) != 4:
                 raise ValueError
             _, step, phase, param = parts
-            if phase not in PHASES:
-                raise UsageError(f"--inject {spec}: unknown phase {phase!r}; allowed: {', '.join(PHASES)}")
+            if phase not in STEP_PHASES:
+                raise UsageError(f"--inject {spec}: unknown phase {phase!r}; allowed: {', '.join(STEP_PHASES)}")
             return Injection("ulp", step=int(step), phase=phase, param=param)
         if parts[0] in ("crash", "hang"):
             if len(parts) != 3:
@@ -80,7 +79,7 @@ def parse_injection(spec: str) -> Injection:
         raise UsageError(f"--inject {spec!r}: expected ulp:STEP:PHASE:PARAM, crash:RANK:STEP or "
                          f"hang:RANK:STEP") from None
     if spec in CATALOGUE:
-        return Injection("fault", name=spec)
+        return Injection("fault", name=Fault(spec))
     if spec in PENDING:
         raise UsageError(f"--inject {spec}: not implemented yet ({PENDING[spec][0]})")
     raise UsageError(f"--inject {spec!r}: unknown fault; known: ulp:..., crash:..., hang:..., "

@@ -63,9 +63,21 @@ from typing import Any
 
 import torch
 
-from parity.harness.compare import ULP_BUCKETS, TensorDiff, _check_tensor, bit_view, compare_tensors
-from parity.harness.errors import GoldenError, GoldenExistsError, SnapshotError, UsageError
-from parity.harness.platform import EXACT_MATCH_KEYS, fingerprint_diff, platform_id as make_platform_id
+from parity.harness.compare import (
+    ULP_BUCKETS,
+    TensorDiff,
+    _check_tensor,
+    bit_view,
+    compare_tensors,
+)
+from parity.harness.errors import (
+    GoldenError,
+    GoldenExistsError,
+    SnapshotError,
+    UsageError,
+)
+from parity.harness.platform import EXACT_MATCH_KEYS, fingerprint_diff
+from parity.harness.platform import platform_id as make_platform_id
 from parity.harness.snapshot import (
     file_sha256,
     fsync_dir,

@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.harness.errors import GoldenError
-from parity.harness.golden import (GoldenRecorder, KeyRecord, describe_golden,
-                                   list_goldens, load_golden, regen_golden)
+from parity.harness.golden import (
+    GoldenRecorder,
+    KeyRecord,
+    describe_golden,
+    list_goldens,
+    load_golden,
+    regen_golden,
+)
 from parity.harness.platform import platform_fingerprint, platform_id
 
 
@@ -77,7 +83,7 @@ def check_entry(entry, scenario, results, root=None, allow_other_platform=False)
 
 
 def golden_command(args, resolve) -> int:
-    from parity.harness.run import run_scenario
+    from parity.harness.driver import run_scenario
     from parity.harness.runner import RunOptions
 
     root = Path(args.goldens) if args.goldens else default_root()

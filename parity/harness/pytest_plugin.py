@@ -49,9 +49,9 @@ class ScenarioItem(pytest.Item):
     def runtest(self):
         import torch
 
-        from parity.harness.goldens_cli import check_results, recorder_from_results
         from parity.harness.golden import regen_golden
-        from parity.harness.run import run_scenario
+        from parity.harness.goldens_cli import check_results, recorder_from_results
+        from parity.harness.driver import run_scenario
         from parity.harness.runner import RunOptions
 
         s = self.scenario

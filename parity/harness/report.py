@@ -9,9 +9,9 @@ import struct
 import tempfile
 import xml.etree.ElementTree as ET
 
-from parity.optim.stack import PHASES
+from parity.vocab import STEP_PHASES
 
-PHASE_ORDER = {p: i for i, p in enumerate(("init",) + PHASES)}
+PHASE_ORDER = {p: i for i, p in enumerate(("init",) + STEP_PHASES)}
 
 
 def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
@@ -35,7 +35,7 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
             first["nonfinite"] = nonfinite_counts
     # Under overlap_grad_reduce grads are reduced while backward runs: no pre-reduce capture.
     overlapped = scenario.overlap or scenario.pair in ("overlap_param_gather", "force_sync")
-    missing_phases = [ph for ph in PHASES if by_phase.get(ph, 0) == 0
+    missing_phases = [ph for ph in STEP_PHASES if by_phase.get(ph, 0) == 0
                       and not (ph == "grad_local" and overlapped)]
     nonfinite = nonfinite_events(results)
     if nonfinite:

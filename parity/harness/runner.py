@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from parity.dist.groups import build_groups
+from parity.distributed.groups import build_groups
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
+from parity.vocab import Fault
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -111,7 +112,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     res = {"rank": rank, "steps": [], "divergences": [], "compared": 0, "compared_by_phase": {},
            "messages": [], "golden": {}, "checks": [], "buffers": A.ddp.buffer_report(),
            "persistent_bytes": {"A": A.persistent_bytes(), "B": B.persistent_bytes()},
-           "ownership": A.lw.ownership_table(), "first_divergence": None}
+           "ownership": A.layerwise.ownership_table(), "first_divergence": None}
 
     def record(step, phase, diff):
         res["compared"] += 1
@@ -131,14 +132,14 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     # Ownership must be one table on every rank (all-gathered and compared).
     for expert, group, size in ((False, groups.dp_group, groups.dp), (True, groups.expt_dp_group, groups.expt_dp)):
         tables = [None] * size
-        dist.all_gather_object(tables, A.lw.ownership_table(expert), group=group)
+        dist.all_gather_object(tables, A.layerwise.ownership_table(expert), group=group)
         check(-1, "ownership-agrees", all(t == tables[0] for t in tables),
               f"ranks of the {'expert-' if expert else ''}DP group disagree on LayerWise ownership "
               f"(a param owned by 0 or 2 ranks)")
     # Every trainable param is stepped by exactly one optimizer: LayerWise (some rank owns it)
     # or DistOpt (its buffer is sharded over the DP group).
-    lw_names = {n for n, _ in A.lw.ownership_table()}
-    do_names = {A.names[p] for b in A.do.buffers for p in b.params}
+    lw_names = {n for n, _ in A.layerwise.ownership_table()}
+    do_names = {A.names[p] for b in A.distopt.buffers for p in b.params}
     orphans = sorted(set(A.names.values()) - lw_names - do_names)
     twice = sorted(lw_names & do_names)
     check(-1, "optimizer-coverage", not orphans and not twice,
@@ -220,7 +221,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
 
         A.step(step, on_a)
         if A.grad_buffer_clean is not None:
-            if "zeros-vs-zeros" in harness_faults:
+            if Fault.ZEROS_VS_ZEROS in harness_faults:
                 # The regressed check: compare A's grad buffers with B's after both were zeroed.
                 a0 = [b.grad_data for buf in A.ddp.all_buffers() for b in buf.buckets]
                 b0 = [b.grad_data for buf in B.ddp.all_buffers() for b in buf.buckets]
@@ -250,7 +251,7 @@ def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop
     drops are pinned at step 0: the set must stay the same and must not be empty when ON has
     FP8 params (an empty or shrinking set means the comparison lost coverage)."""
     cur = live
-    if "vacuous-param-compare" in harness_faults:
+    if Fault.VACUOUS_PARAM_COMPARE in harness_faults:
         cur = {}  # every param classified as quantized: nothing left to compare
         ref = {}
     dropped = sorted(set(ref) - set(cur))

@@ -23,13 +23,14 @@ from parity.ddp.ddp import DDPConfig
 from parity.harness.errors import ConfigError
 from parity.model import ModelConfig
 from parity.optim.stack import OptimConfig, StackConfig
+from parity.vocab import Recipe
 
 PAIRS = {
     "fp8_param_gather": "FP8 param gather ON vs OFF",
     "overlap_param_gather": "deferred (overlapped) param gather vs eager all-gather",
     "force_sync": "force_sync finalizing a pending gather vs the forward pre-hook",
 }
-RECIPES = ("blockwise", "mxfp8")
+RECIPES = tuple(Recipe)
 LAYOUTS = ("compact", "padded")
 DEVICES = ("cpu", "cuda")
 

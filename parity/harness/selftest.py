@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from parity.harness.faults import CATALOGUE, PENDING, Injection
-from parity.harness.run import run_scenario
+from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
 from parity.harness.scenario import make_scenario
 
@@ -134,7 +134,7 @@ def table(rows) -> str:
         lines.append(f"| {r['fault']} | {r['scenario']} | {r['expected']} | {obs} | "
                      f"{'yes' if r['caught'] else 'NO'} |")
     for name, (what, item) in PENDING.items():
-        lines.append(f"| {name} | - | pending: {what} (megatron.md s5 #{item}) | - | - |")
+        lines.append(f"| {name} | - | pending: {what} (docs/spec/megatron.md s5 #{item}) | - | - |")
     return "\n".join(lines)
 
 

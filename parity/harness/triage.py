@@ -50,10 +50,23 @@ import numpy as np
 import pandas as pd
 import torch
 
-from parity.harness.compare import (PHASES, ULP_BUCKETS, ULP_NAN, ULP_SATURATED, bit_view, compare_tensors,
-                                    is_ulp_dtype, ulp_distance)
+from parity.harness.compare import (
+    ULP_BUCKETS,
+    ULP_NAN,
+    ULP_SATURATED,
+    bit_view,
+    compare_tensors,
+    is_ulp_dtype,
+    ulp_distance,
+)
 from parity.harness.errors import GoldenError, ParityError, SnapshotError, UsageError
-from parity.harness.snapshot import read_snapshot, read_snapshot_metadata, snapshot_filename, tensor_sha256
+from parity.harness.snapshot import (
+    read_snapshot,
+    read_snapshot_metadata,
+    snapshot_filename,
+    tensor_sha256,
+)
+from parity.vocab import STEP_PHASES
 
 __all__ = [
     "COLUMNS",
@@ -76,7 +89,7 @@ __all__ = [
     "layer_of",
 ]
 
-DATAFLOW: tuple[str, ...] = ("init",) + tuple(PHASES)
+DATAFLOW: tuple[str, ...] = ("init",) + tuple(STEP_PHASES)
 """Phases in dataflow order; ``init`` (step -1) is the construction-time master check."""
 _PHASE_IDX = {p: i for i, p in enumerate(DATAFLOW)}
 
@@ -330,7 +343,7 @@ def _scenario_meta(e: Mapping[str, Any], rep: Mapping[str, Any], mode: str) -> d
     n_compared: dict[tuple[int, str], float] = {}
     if by_phase.get("init"):
         n_compared[(-1, "init")] = float(by_phase["init"])
-    for ph in PHASES:
+    for ph in STEP_PHASES:
         if steps and by_phase.get(ph):
             n_compared.update({(s, ph): by_phase[ph] / steps for s in range(steps)})
     return {
@@ -859,7 +872,7 @@ def per_step_phase(df: pd.DataFrame, steps: int | None = None, *, meta: Mapping[
             if not n or sub.empty:
                 continue
             first = int(sub["step"].min())
-            phases = [p for p in PHASES if not (p == "grad_local" and not sm.get("has_grad_local", True))]
+            phases = [p for p in STEP_PHASES if not (p == "grad_local" and not sm.get("has_grad_local", True))]
             for s in range(max(first, 0), int(n)):
                 for p in phases:
                     if (scen, s, p) not in have:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RECIPES = ("blockwise", "mxfp8")
+from parity.vocab import Recipe
+
+RECIPES = tuple(Recipe)
 
 
 @dataclass(frozen=True)

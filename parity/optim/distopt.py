@@ -1,5 +1,5 @@
 """DistributedOptimizer: byte-range shards of DistOpt buffers, fp32 master shards, Adam on
-shards, all-gather of the param buffer (the sibling params' path, megatron.md s1.2)."""
+shards, all-gather of the param buffer (the sibling params' path, docs/spec/megatron.md s1.2)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """LayerWise optimizer: whole-matrix ownership, Muon on owned masters, whole-param gather
-(megatron.md s2.6-2.11)."""
+(docs/spec/megatron.md s2.6-2.11)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ import torch.distributed as dist
 
 from parity.ddp import param_sync
 from parity.model import is_expert_param, is_layer_wise_managed, is_quantized_param
-from parity.optim.mixed_precision import copy_master_to_param, is_native_fp32, make_master
+from parity.optim.mixed_precision import (
+    copy_master_to_param,
+    is_native_fp32,
+    make_master,
+)
 from parity.optim.muon import Muon
+from parity.vocab import Fault
 
 
 def ping_pong(n: int, size: int) -> list[int]:
@@ -57,7 +62,7 @@ class LayerWiseOptimizer:
                 p.main_param = m
                 self.masters[p] = m
         # Non-owned params drop their high-precision init copy too; only owners consume it.
-        if "keep-nonowned-init-copy" not in self.faults:
+        if Fault.KEEP_NONOWNED_INIT_COPY not in self.faults:
             for p in params:
                 if id(p) not in owned_ids and is_quantized_param(p):
                     p.clear_high_precision_init_val()
@@ -75,7 +80,7 @@ class LayerWiseOptimizer:
                     if any(p is q for q in params):
                         lists[buf.layout.shard_owner[p]].append(p)
             return lists
-        if "numel-only-ownership" in self.faults:
+        if Fault.NUMEL_ONLY_OWNERSHIP in self.faults:
             # A stable sort on numel alone ties by local insertion order, which differs per rank.
             local = list(params)
             random.Random(dist.get_rank()).shuffle(local)
@@ -130,7 +135,7 @@ class LayerWiseOptimizer:
                                        (self.expert_lists, self.expt_dp_group, self.expt_dp, self.expt_dp_rank)):
             if size == 1 or not any(lists):
                 continue
-            if "fp32-via-bf16" in self.faults:
+            if Fault.FP32_VIA_BF16 in self.faults:
                 staged, native = lists, [[] for _ in lists]
             else:
                 staged = [[p for p in lst if not is_native_fp32(p)] for lst in lists]
@@ -138,7 +143,7 @@ class LayerWiseOptimizer:
             for part, fp8 in ((staged, self.use_fp8_param_sync), (native, False)):
                 if not any(part):
                     continue
-                if "rank0-empty-slot" in self.faults:
+                if Fault.RANK0_EMPTY_SLOT in self.faults:
                     dtype = part[0][0].dtype  # the head of rank 0's list: IndexError when empty
                 else:
                     dtype = next(lst[0] for lst in part if lst).dtype

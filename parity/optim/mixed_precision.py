@@ -1,10 +1,11 @@
-"""fp32 masters and the master -> model copy (megatron.md s2.7-2.8)."""
+"""fp32 masters and the master -> model copy (docs/spec/megatron.md s2.7-2.8)."""
 
 from __future__ import annotations
 
 import torch
 
 from parity.model import is_quantized_param
+from parity.vocab import Fault
 
 
 def is_native_fp32(p) -> bool:
@@ -18,7 +19,7 @@ def make_master(p, device, faults=frozenset()) -> torch.Tensor:
     equals OFF's (clone of the same bf16 init) before any update."""
     if is_quantized_param(p):
         hp = p.get_high_precision_init_val()
-        if "master-from-fp8-dequant" in faults or hp is None:
+        if Fault.MASTER_FROM_FP8_DEQUANT in faults or hp is None:
             master = p.qt.dequantize(torch.float32).clone()
         else:
             master = hp.to(device=device, dtype=torch.float32, copy=True)
@@ -33,7 +34,7 @@ def copy_master_to_param(p, master, faults=frozenset()) -> None:
     """bf16 params get bf16(master) (round to nearest even); FP8 params get Q(bf16(master)),
     exactly what OFF's forward quantizes from its bf16 weight."""
     if is_quantized_param(p):
-        src = master if "fp32-master-direct-to-fp8" in faults else master.to(torch.bfloat16)
+        src = master if Fault.FP32_MASTER_DIRECT_TO_FP8 in faults else master.to(torch.bfloat16)
         p.qt.requantize_(src)
         p.qt.post_all_gather_processing()
     else:

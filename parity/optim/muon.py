@@ -1,6 +1,6 @@
 """Muon for fp32 master weights, as Megatron runs it through Emerging-Optimizers v0.2.0.
 
-The spec is megatron.md §3. Each owned master moves by
+The spec is docs/spec/megatron.md §3. Each owned master moves by
 
     p <- p - lr*wd*p                      (decoupled weight decay, applied before momentum)
     M <- lerp(M, g, 1 - beta)

@@ -17,9 +17,9 @@ from parity.model.data import batch
 from parity.model.fp8_linear import FP8Linear
 from parity.optim.distopt import DistributedOptimizer
 from parity.optim.layerwise import LayerWiseOptimizer
+from parity.vocab import Fault
 
 FP8_PARTS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
-PHASES = ("forward", "grad_local", "grad_reduce", "optimizer", "param_sync")
 
 
 @dataclass(frozen=True)
@@ -110,16 +110,16 @@ class Stack:
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
                          ep_group=groups.ep_group)
         ddp_cfg = cfg.ddp
-        if "split-grad-buffers" in faults and cfg.fp8_param_gather:
+        if Fault.SPLIT_GRAD_BUFFERS in faults and cfg.fp8_param_gather:
             ddp_cfg = DDPConfig(**{**ddp_cfg.__dict__, "merge_layerwise_fp8_grads": False})
         self.ddp = DDP(self.model, ddp_cfg, dp_group=groups.dp_group,
                        expt_dp_group=groups.expt_dp_group, device=device, faults=faults)
         self.names = self.ddp.names
         self.params = list(self.names)
-        self.lw = LayerWiseOptimizer(self.ddp, dp_group=groups.dp_group,
+        self.layerwise = LayerWiseOptimizer(self.ddp, dp_group=groups.dp_group,
                                      expt_dp_group=groups.expt_dp_group,
                                      muon_kwargs=cfg.optim.muon_kwargs(), device=device, faults=faults)
-        self.do = DistributedOptimizer(self.ddp.all_buffers(), self.names, cfg.optim.adam_kwargs())
+        self.distopt = DistributedOptimizer(self.ddp.all_buffers(), self.names, cfg.optim.adam_kwargs())
         self.fp8_linears = {m.weight: m for m in self.model.modules() if isinstance(m, FP8Linear)}
         self.overlap = self.ddp.config.overlap_param_gather
         self.grad_buffer_clean = None  # set after each forced sync: LayerWise grad_data all zero?
@@ -141,12 +141,12 @@ class Stack:
             on_phase("grad_local", self.main_grads())
         ddp.finish_grad_sync()
         on_phase("grad_reduce", self.main_grads())
-        self.lw.step()
-        self.do.step()
+        self.layerwise.step()
+        self.distopt.step()
         on_phase("optimizer", self.optimizer_state())
-        self.lw.sync()
-        self.do.gather()
-        if "sample-before-deferred-gather" in cfg.faults:
+        self.layerwise.sync()
+        self.distopt.gather()
+        if Fault.SAMPLE_BEFORE_DEFERRED_GATHER in cfg.faults:
             on_phase("param_sync", self.param_tensors())  # the gather has not landed yet
             if self.overlap:
                 self.finalize_deferred_gather()
@@ -169,7 +169,7 @@ class Stack:
         else:
             ddp.disable_forward_pre_hook(param_sync=True)
             ddp.enable_forward_pre_hook()
-        if "no-rearm-after-force-sync" not in self.cfg.faults:
+        if Fault.NO_REARM_AFTER_FORCE_SYNC not in self.cfg.faults:
             ddp.reset_param_sync_dispatch_state()
 
     # -- captured tensors ------------------------------------------------------------------
@@ -177,8 +177,8 @@ class Stack:
         return {self.names[p]: p.main_grad for p in self.params}
 
     def optimizer_state(self) -> dict:
-        out = dict(self.lw.state_tensors())
-        out.update(self.do.state_tensors())
+        out = dict(self.layerwise.state_tensors())
+        out.update(self.distopt.state_tensors())
         return out
 
     def param_tensors(self) -> dict:
@@ -201,7 +201,7 @@ class Stack:
     def persistent_bytes(self) -> dict:
         """Bytes the Muon matrices persist as model weights (FP8 parts or bf16/fp32 storage)."""
         stored, fp8_copy = 0, 0
-        for b in self.lw.lw_buffers:
+        for b in self.layerwise.lw_buffers:
             for p in b.params:
                 if is_quantized_param(p):
                     stored += p.qt.nbytes

@@ -1,4 +1,4 @@
-"""Muon math (megatron.md §3): Newton-Schulz, scale factors, split QKV, one optimizer step."""
+"""Muon math (docs/spec/megatron.md §3): Newton-Schulz, scale factors, split QKV, one optimizer step."""
 
 import pytest
 import torch

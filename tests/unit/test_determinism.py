@@ -1,11 +1,11 @@
-"""parity.dist.determinism: the fail-closed validator and apply_determinism (no processes)."""
+"""parity.distributed.determinism: the fail-closed validator and apply_determinism (no processes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from parity.dist.determinism import (
+from parity.distributed.determinism import (
     DETERMINISM_ENV,
     DeterminismError,
     apply_determinism,

@@ -3,8 +3,8 @@ expected place, and the same scenario passes clean."""
 
 import pytest
 
-from parity.harness.faults import CATALOGUE, PENDING, parse_injection
 from parity.harness.errors import UsageError
+from parity.harness.faults import CATALOGUE, PENDING, parse_injection
 from parity.harness.selftest import CASES, run_selftest
 
 

@@ -105,7 +105,7 @@ def test_world_larger_than_gpu_count_is_refused_before_launch(monkeypatch):
     import torch
 
     from parity.harness.errors import ConfigError
-    from parity.harness.run import run_scenario
+    from parity.harness.driver import run_scenario
     from parity.harness.runner import RunOptions
     from parity.harness.scenario import make_scenario
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -47,12 +48,10 @@ from datetime import timedelta
 from multiprocessing import connection
 from typing import Any
 
-import multiprocessing as mp
-
 import torch
 import torch.distributed as dist
 
-from parity.dist.determinism import apply_determinism
+from parity.distributed.determinism import apply_determinism
 
 __all__ = [
     "FailedRank",
@@ -154,7 +153,7 @@ class RankContext:
     launcher: str
     """How this rank was started: "spawn" or "forkserver" (by :func:`launch`), or "torchrun"."""
     determinism: dict[str, Any]
-    """What :func:`~parity.dist.determinism.apply_determinism` applied in this rank."""
+    """What :func:`~parity.distributed.determinism.apply_determinism` applied in this rank."""
 
 
 @dataclass(frozen=True)
@@ -622,7 +621,7 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
     if cfg.start_method == "forkserver":
         # Imported once, in the server: torch, and torch._inductor.config, which
         # torch.use_deterministic_algorithms imports (about 1 s of CPU per rank otherwise).
-        ctx.set_forkserver_preload(["parity.dist.launch", "torch._inductor.config"])
+        ctx.set_forkserver_preload(["parity.harness.launch", "torch._inductor.config"])
     mon = _Monitor(cfg.world_size)
     deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
     # The OS parent of a spawned rank (a forkserver rank's is the fork server).

@@ -56,7 +56,9 @@ def _inputs(shape, dtype, seed):
 @pytest.mark.parametrize("pow2", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_blockwise_matches_te(shape, block_dim, fmt, pow2, dtype):
-    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
+    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import (
+        Float8BlockQuantizer,
+    )
 
     x = _inputs(shape, dtype, seed=sum(shape) + block_dim)
     quantizer = Float8BlockQuantizer(_TE_DTYPE[fmt], rowwise=True, columnwise=True, amax_epsilon=0.0,
@@ -80,7 +82,7 @@ def test_blockwise_matches_te(shape, block_dim, fmt, pow2, dtype):
 
 
 def _unswizzle(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Logical [rows, cols] E8M0 grid from cuBLAS's 128x4 swizzled layout (te.md 2.3)."""
+    """Logical [rows, cols] E8M0 grid from cuBLAS's 128x4 swizzled layout (docs/spec/te.md 2.3)."""
     r = torch.arange(rows, device=buf.device).view(-1, 1)
     c = torch.arange(cols, device=buf.device).view(1, -1)
     tiles = cols // 4

@@ -1,4 +1,4 @@
-"""parity.dist.launch: real rank processes on gloo, and what happens when ranks fail.
+"""parity.harness.launch: real rank processes on gloo, and what happens when ranks fail.
 
 Most failure tests use the "forkserver" start method: after the first launch in a test process a
 rank starts in ~0.1 s instead of ~1-2 s, and the failure handling is the same code. The default
@@ -21,11 +21,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parity.dist.determinism import DeterminismError
-from parity.dist.launch import LaunchConfig, RankFailure, free_port, launch
+from parity.distributed.determinism import DeterminismError
+from parity.harness.launch import LaunchConfig, RankFailure, free_port, launch
 
 TESTS_DIR = Path(__file__).resolve().parent
-REPO = TESTS_DIR.parent
+REPO = TESTS_DIR.parents[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_ranks_die_with_their_parent(start_method, tmp_path):
         f"""
         import sys
         sys.path[:0] = [{str(REPO)!r}, {str(TESTS_DIR)!r}]
-        from parity.dist.launch import LaunchConfig, launch
+        from parity.harness.launch import LaunchConfig, launch
         from test_dist_launch import _write_pid_and_hang
         if __name__ == "__main__":
             launch(_write_pid_and_hang, LaunchConfig(world_size=2, start_method={start_method!r}), {str(tmp_path)!r})
@@ -232,7 +232,7 @@ def test_ranks_die_with_their_parent(start_method, tmp_path):
 
 def test_cause_first_ordering():
     """Events seen together: a silent death outranks the peer errors it caused; raisers by time."""
-    from parity.dist.launch import _Monitor
+    from parity.harness.launch import _Monitor
 
     mon = _Monitor(world_size=4)
     mon.errors[0] = ("RuntimeError: Connection closed by peer", "tb0", 200.0)
@@ -299,7 +299,7 @@ def test_runs_unchanged_under_torchrun(tmp_path):
         f"""
         import json, sys
         sys.path[:0] = [{str(REPO)!r}, {str(TESTS_DIR)!r}]
-        from parity.dist.launch import LaunchConfig, launch
+        from parity.harness.launch import LaunchConfig, launch
         from test_dist_launch import _sum_ranks
         if __name__ == "__main__":
             (result,) = launch(_sum_ranks, LaunchConfig(world_size=2), 1.0)

@@ -8,7 +8,7 @@ Entry points:
 
 The environment must be applied *before* any communicator or CUDA context exists: NCCL reads
 ``NCCL_*`` when a communicator is created and cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when its
-handle is created, so a value set afterwards is silently ignored. :mod:`parity.dist.launch` applies
+handle is created, so a value set afterwards is silently ignored. :mod:`parity.harness.launch` applies
 it in every rank before ``init_process_group``.
 
 Like Megatron's ``megatron/training/determinism.py`` the validator fails closed: a value it does not

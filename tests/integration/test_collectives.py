@@ -1,4 +1,4 @@
-"""parity.dist.collectives and parity.dist.groups on 4 real gloo ranks.
+"""parity.distributed.collectives and parity.distributed.groups on 4 real gloo ranks.
 
 One 4-rank launch (module fixture) runs every check and returns what each rank saw; the tests
 below assert on it in the parent. Values are compared bit for bit (integer views), and the
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parity.dist import collectives as C
-from parity.dist.groups import build_groups, ep_group_ranks, expt_dp_group_ranks
-from parity.dist.launch import LaunchConfig, launch
+from parity.distributed import collectives as C
+from parity.distributed.groups import build_groups, ep_group_ranks, expt_dp_group_ranks
+from parity.harness.launch import LaunchConfig, launch
 
 WORLD = 4
 SIZES = [3, 0, 5, 1]

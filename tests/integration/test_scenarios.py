@@ -4,10 +4,10 @@ where one exists for this platform."""
 import pytest
 import torch
 
-from parity.harness.goldens_cli import check_results, default_root
 from parity.harness.golden import list_goldens
+from parity.harness.goldens_cli import check_results, default_root
 from parity.harness.platform import platform_fingerprint, platform_id
-from parity.harness.run import run_scenario
+from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
 from parity.harness.scenario import load_all
 

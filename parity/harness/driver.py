@@ -10,12 +10,11 @@ import tempfile
 import threading
 import time
 
-from parity.dist.launch import LaunchConfig, RankFailure, launch
 from parity.harness import report as rep
 from parity.harness.errors import ConfigError
+from parity.harness.launch import LaunchConfig, RankFailure, launch
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
-
 
 _SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
 

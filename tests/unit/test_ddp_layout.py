@@ -2,8 +2,12 @@
 
 import torch
 
-from parity.ddp.layout import (compact_layout, distopt_layout, group_params_for_buffers,
-                               padded_layer_wise_layout)
+from parity.ddp.layout import (
+    compact_layout,
+    distopt_layout,
+    group_params_for_buffers,
+    padded_layer_wise_layout,
+)
 from parity.model import GPT, ModelConfig
 from parity.optim.layerwise import ping_pong
 

@@ -93,7 +93,7 @@ def build_groups(ep: int) -> ParallelGroups:
             group is created).
     """
     if not dist.is_initialized():
-        raise RuntimeError("build_groups needs an initialised default process group (see parity.dist.launch)")
+        raise RuntimeError("build_groups needs an initialised default process group (see parity.harness.launch)")
     world_size = dist.get_world_size()
     rank = dist.get_rank()
     ep_blocks = ep_group_ranks(world_size, ep)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from parity.fp8 import Operand, fp8_gemm, quantize, scaled_mm_supported
-from parity.fp8.gemm import accumulate_blocks
 from parity.fp8.formats import FP8_TORCH_DTYPE
+from parity.fp8.gemm import accumulate_blocks
 
 F32 = torch.float32
 BF16 = torch.bfloat16
@@ -255,7 +255,7 @@ def test_argument_checks():
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA: torch.nn.functional.scaled_mm against the emulation (te.md 4: bit-identical on sm90)
+# CUDA: torch.nn.functional.scaled_mm against the emulation (docs/spec/te.md 4: bit-identical on sm90)
 # ---------------------------------------------------------------------------------------------
 _CUDA = torch.cuda.is_available()
 

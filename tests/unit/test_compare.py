@@ -17,7 +17,12 @@ from parity.harness.compare import (
     require_nonempty_phases,
     ulp_distance,
 )
-from parity.harness.errors import MismatchError, ParityError, UsageError, VacuousComparisonError
+from parity.harness.errors import (
+    MismatchError,
+    ParityError,
+    UsageError,
+    VacuousComparisonError,
+)
 
 FLOAT_DTYPES = [
     torch.float32,

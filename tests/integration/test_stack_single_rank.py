@@ -8,7 +8,7 @@ from parity.harness.faults import Injection
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import make_scenario
 from parity.model import GPT, ModelConfig, is_quantized_param
-from parity.optim.stack import PHASES
+from parity.vocab import STEP_PHASES
 
 
 class Ctx:
@@ -32,7 +32,7 @@ def test_on_equals_off(single_rank, recipe, moe, steps):
     divs, bad = failures(res)
     assert not divs and not bad, (res["messages"], bad)
     # Every phase was compared, and the compared sets are not empty.
-    for ph in ("init",) + PHASES:
+    for ph in ("init",) + STEP_PHASES:
         assert res["compared_by_phase"].get(ph, 0) > 0, ph
     # ON's FP8 bytes are compared against OFF's on-the-fly quantization.
     assert any(c.startswith("param_sync") for c in res["compared_by_phase"])
@@ -46,12 +46,12 @@ def test_partial_blocks(single_rank):
     assert not divs and not bad
 
 
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase", STEP_PHASES)
 def test_one_ulp_in_any_phase_is_caught_there(single_rank, phase):
     res = run(single_rank, steps=3, injections=[Injection("ulp", step=1, phase=phase, param="*")])
     divs, _ = failures(res)
     assert divs, f"a 1-ULP change in {phase} went unnoticed"
-    first = min(divs, key=lambda d: (d["step"], PHASES.index(d["phase"])))
+    first = min(divs, key=lambda d: (d["step"], STEP_PHASES.index(d["phase"])))
     assert (first["step"], first["phase"]) == (1, phase)
     assert first["max_ulp"] in (1, None) or phase == "param_sync"
 

@@ -491,7 +491,7 @@ def test_sigkill_mid_write_keeps_old_golden(tmp_path):
         tg.record(__import__("pathlib").Path({str(tmp_path)!r}), version=1, overwrite=True)
         """
     )
-    pythonpath = os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    pythonpath = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=pythonpath)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]

@@ -1,0 +1,69 @@
+"""The project's one vocabulary: recipes, layouts, phases, sides and faults.
+
+Every layer imports these names from here (this module imports nothing from parity), so a typo in
+a recipe, phase or fault name is an error at the point where the string enters, not a silent no-op.
+The descriptions of the faults live with the catalogue in ``parity.harness.faults``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Recipe(StrEnum):
+    """FP8 recipes the LayerWise FP8 param gather supports."""
+
+    BLOCKWISE = "blockwise"  # 1x128 activations/grads, 128x128 weights, fp32 pow2 scales (Hopper)
+    MXFP8 = "mxfp8"          # 1x32 blocks, E8M0 scales (Blackwell)
+
+
+class Layout(StrEnum):
+    """Param layouts of LayerWise buffers."""
+
+    COMPACT = "compact"  # decoupled: params packed without padding (the only layout with FP8 gather)
+    PADDED = "padded"    # shard-aligned, DistOpt-style
+
+
+class Phase(StrEnum):
+    """Points in one training step at which the two sides are compared, in dataflow order."""
+
+    INIT = "init"                # fp32 masters right after construction (step -1)
+    FORWARD = "forward"          # loss and logits
+    GRAD_LOCAL = "grad_local"    # main_grad before the reduce collective
+    GRAD_REDUCE = "grad_reduce"  # main_grad after all-reduce / reduce-scatter
+    OPTIMIZER = "optimizer"      # masters and optimizer state after the update
+    PARAM_SYNC = "param_sync"    # params (bf16, fp32, FP8 bytes and scales) after the gather
+
+
+STEP_PHASES: tuple[Phase, ...] = (Phase.FORWARD, Phase.GRAD_LOCAL, Phase.GRAD_REDUCE,
+                                  Phase.OPTIMIZER, Phase.PARAM_SYNC)
+"""The phases of every step (``INIT`` happens once, before step 0)."""
+
+
+class Side(StrEnum):
+    """The two stacks of a lockstep pair."""
+
+    TEST = "test"  # the stack under test (the knob ON); faults apply here only
+    REF = "ref"    # the reference (the knob OFF)
+
+
+class Fault(StrEnum):
+    """Catalogued faults: each reverts one fix of the stack (or weakens one harness check)."""
+
+    SPLIT_GRAD_BUFFERS = "split-grad-buffers"
+    NUMEL_ONLY_OWNERSHIP = "numel-only-ownership"
+    VACUOUS_PARAM_COMPARE = "vacuous-param-compare"
+    ZEROS_VS_ZEROS = "zeros-vs-zeros"
+    SAMPLE_BEFORE_DEFERRED_GATHER = "sample-before-deferred-gather"
+    NO_REARM_AFTER_FORCE_SYNC = "no-rearm-after-force-sync"
+    FORCE_SYNC_STALE = "force-sync-stale"
+    RANK0_EMPTY_SLOT = "rank0-empty-slot"
+    FP32_VIA_BF16 = "fp32-via-bf16"
+    MIXED_BUCKET_HEAD = "mixed-bucket-head"
+    MASTER_FROM_FP8_DEQUANT = "master-from-fp8-dequant"
+    KEEP_NONOWNED_INIT_COPY = "keep-nonowned-init-copy"
+    FP32_MASTER_DIRECT_TO_FP8 = "fp32-master-direct-to-fp8"
+    MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS = "merge-allreduce-and-reduce-scatter-buckets"
+    GATHER_PAYLOAD_NOT_ZEROED = "gather-payload-not-zeroed"
+    STAGING_NOT_PERSISTED = "staging-not-persisted"
+    ROUTING_PREDICATE_MISMATCH = "routing-predicate-mismatch"
