@@ -1,4 +1,8 @@
-"""Our quantizer against TransformerEngine reference outputs (shared/vectors), bit for bit."""
+"""Our quantizer against TransformerEngine reference outputs, bit for bit.
+
+The vectors live in the repository (tests/assets/te_reference_vectors.safetensors; what they are and
+how they were made: tests/assets/README.md). A missing file is a failure, never a skip.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from parity.fp8 import quantize
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "te_reference_vectors.safetensors"
-
-if not VECTORS.is_file():
-    pytest.skip(f"TE reference vectors not found at {VECTORS} (the shared/ folder beside the repo)",
-                allow_module_level=True)
-
-safetensors = pytest.importorskip("safetensors", reason="safetensors is needed to read the TE vectors")
-from safetensors import safe_open  # noqa: E402
+# tests/assets, found from this file's folder upwards so the test may sit in tests/ or a subfolder
+TESTS_DIR = next(p for p in Path(__file__).resolve().parents if p.name == "tests")
+VECTORS = TESTS_DIR / "assets" / "te_reference_vectors.safetensors"
 
 
 def _load():
+    if not VECTORS.is_file():
+        raise FileNotFoundError(f"TE reference vectors missing: {VECTORS} (see tests/assets/README.md)")
     with safe_open(str(VECTORS), framework="pt") as f:
         cases = json.loads(f.metadata()["cases"])
         tensors = {k: f.get_tensor(k) for k in f.keys()}
