@@ -350,7 +350,7 @@ def test_dtype_max_block(dtype):
         assert q.rowwise_data[0, 0].item() == MAXBYTE[fmt] and q.rowwise_data[1, 0].item() == MAXBYTE[fmt] | 0x80
         scale = (torch.tensor([FP8MAX[fmt]]) / torch.tensor([xmax], dtype=F32))
         assert f32bits(q.rowwise_scale_inv[0, :1]).item() == f32bits(torch.ones(1) / scale).item()
-    # docs/spec/te.md: bf16 / E4M3 non-pow2 scale is 1.3217166e-36, fp32 / E4M3 is 1.3165538e-36
+    # docs/spec/te.md s1.2: bf16 / E4M3 non-pow2 scale is 1.3217166e-36, fp32 / E4M3 is 1.3165538e-36
     q = quantize(x, "blockwise", block="128x128", pow2_scales=False)
     expect = 1.3217166e-36 if dtype == BF16 else 1.3165538e-36
     assert abs(1.0 / q.rowwise_scale_inv[0, 0].item() / expect - 1) < 1e-6
