@@ -24,11 +24,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from parity.harness.compare import bit_view, compare_tensors  # noqa: E402
 
