@@ -350,3 +350,69 @@ def read_snapshot(
         except OSError as e:
             raise SnapshotError(f"cannot read snapshot {path}: {e.strerror or e}") from None
     return out, md
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming writer
+# --------------------------------------------------------------------------------------------
+
+
+class StreamingSnapshotWriter:
+    """Writes one snapshot file per step as soon as the step is handed over, on a background thread.
+
+    Host memory stays bounded: :meth:`submit` blocks while an earlier step is still queued, so at
+    most two steps' tensors exist at once (the one being written and the one waiting). A rank that
+    dies leaves every step it had handed over and the writer had finished, each file complete
+    (written atomically by :func:`write_snapshot`). The tensors handed over must be private CPU
+    copies: the caller's live tensors change in place in the next phase.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], rank: int, metadata: Mapping[str, str]):
+        import queue
+        import threading
+
+        self.directory, self.rank, self.metadata = Path(directory), rank, dict(metadata)
+        self.written: list[str] = []
+        self.bytes_written = 0
+        self.write_seconds = 0.0
+        self._error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._drain, name=f"snapshot-writer-{rank}", daemon=True)
+        self._thread.start()
+
+    def submit(self, step: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Queue one step's tensors (blocks while the previous step is still waiting)."""
+        self._raise_if_failed()
+        self._queue.put((step, dict(tensors)))
+
+    def close(self) -> list[str]:
+        """Wait until every queued step is on disk; return the paths written, in step order."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise_if_failed()
+        return list(self.written)
+
+    def _drain(self) -> None:
+        import time
+
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._error is not None:
+                continue  # keep draining so submit() never blocks forever after a failure
+            step, tensors = item
+            path = self.directory / snapshot_filename(step, self.rank)
+            t0 = time.perf_counter()
+            try:
+                write_snapshot(path, tensors, {**self.metadata, "step": str(step), "rank": str(self.rank)})
+            except BaseException as e:  # re-raised on the rank's main thread
+                self._error = e
+                continue
+            self.write_seconds += time.perf_counter() - t0
+            self.bytes_written += path.stat().st_size
+            self.written.append(str(path))
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
