@@ -286,7 +286,7 @@ if tq.triton is not None:
 
     @tq.triton.jit
     def _probe_kernel(a_ptr, b_ptr, div_ptr, mul_ptr, slash_ptr, q4_ptr, q5_ptr, N,
-                      ASM: tl.constexpr, BLOCK: tl.constexpr):
+                      SAT: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < N
         a = tl.load(a_ptr + i, mask=m, other=1.0)
@@ -294,18 +294,18 @@ if tq.triton is not None:
         tl.store(div_ptr + i, tq._div_rn(a, b, ASM), mask=m)
         tl.store(mul_ptr + i, tq._mul_rn(a, b, ASM), mask=m)
         tl.store(slash_ptr + i, a / b, mask=m)  # Triton's own fp32 division (approximate)
-        tl.store(q4_ptr + i, tq._fp8_bytes(a, 1.0, 448.0, False, ASM), mask=m)
-        tl.store(q5_ptr + i, tq._fp8_bytes(a, 1.0, 57344.0, True, ASM), mask=m)
+        tl.store(q4_ptr + i, tq._fp8_bytes(a, 1.0, 448.0, False, SAT, ASM), mask=m)
+        tl.store(q5_ptr + i, tq._fp8_bytes(a, 1.0, 57344.0, True, SAT, ASM), mask=m)
 
 
-def _probe(a: torch.Tensor, b: torch.Tensor, mode: str) -> dict:
+def _probe(a: torch.Tensor, b: torch.Tensor, mode: str, sat: bool = False) -> dict:
     n = a.numel()
     outs = {k: torch.empty(n, dtype=torch.float32, device="cuda") for k in ("div", "mul", "slash")}
     q4 = torch.empty(n, dtype=torch.uint8, device="cuda")
     q5 = torch.empty(n, dtype=torch.uint8, device="cuda")
-    tq._launch(_probe_kernel, (triton_cdiv(n, 1024),),
-               (a.cuda(), b.cuda(), outs["div"], outs["mul"], outs["slash"], q4, q5, n),
-               dict(ASM=mode == "asm", BLOCK=1024))
+    _probe_kernel[(triton_cdiv(n, 1024),)](a.cuda(), b.cuda(), outs["div"], outs["mul"], outs["slash"],
+                                           q4, q5, n, SAT=sat, ASM=mode == "asm", BLOCK=1024,
+                                           **tq._EXTRA_OPTIONS)
     return {k: v.cpu() for k, v in dict(outs, q4=q4, q5=q5).items()}
 
 
@@ -329,14 +329,19 @@ def _operands():
 
 @gpu
 @pytest.mark.parametrize("mode", tq.MATH_MODES)
-def test_primitives_match_ieee(mode):
+@pytest.mark.parametrize("sat", [False, True])
+def test_primitives_match_ieee(mode, sat):
+    """sat: the cast kernels use on sm_89+ (the hardware saturates and writes NaN as 0x7F);
+    otherwise the explicit clamp and NaN byte."""
+    if sat and not tq._hardware_satfinite(torch.device("cuda")):
+        pytest.skip("the fp32 -> fp8 cast saturates in hardware on sm_89+ only")
     a, b = _operands()
-    got = _probe(a, b, mode)
+    got = _probe(a, b, mode, sat)
     assert torch.equal(got["div"].view(torch.int32), torch.div(a, b).view(torch.int32))
     assert torch.equal(got["mul"].view(torch.int32), torch.mul(a, b).view(torch.int32))
     specials = _f32([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x80000000, 0, 0x7F7FFFFF])
     y = torch.cat([a, b, a * 1e-30, a * 1e30, specials])
-    q = _probe(y, torch.ones_like(y), mode)
+    q = _probe(y, torch.ones_like(y), mode, sat)
     for key, fmt in (("q4", "e4m3"), ("q5", "e5m2")):
         assert torch.equal(q[key], cast_to_fp8(y, fmt)), fmt
 

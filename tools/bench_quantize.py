@@ -39,15 +39,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 #: alternatives tried by --sweep (the current tq.CONFIG entry is always timed first)
 SWEEP = {
-    "1x128_both": [dict(BR=128, BC=128, num_warps=4), dict(BR=128, BC=128, num_warps=8),
-                   dict(BR=128, BC=128, num_warps=16)],
-    "1x128_row": [dict(BR=32, BC=128, num_warps=4), dict(BR=64, BC=128, num_warps=4),
-                  dict(BR=64, BC=128, num_warps=8)],
-    "1x128_col": [dict(BR=128, BC=32, num_warps=4), dict(BR=128, BC=64, num_warps=4),
-                  dict(BR=128, BC=64, num_warps=8)],
-    "128x128": [dict(num_warps=4), dict(num_warps=8), dict(num_warps=16)],
-    "mxfp8": [dict(NB=4, num_warps=4), dict(NB=8, num_warps=4), dict(NB=8, num_warps=8),
-              dict(NB=16, num_warps=8)],
+    "1x128_both": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8},
+                   {"SUB": 32, "BC": 128, "num_warps": 8, "maxnreg": 128},
+                   {"SUB": 32, "BC": 128, "num_warps": 16, "maxnreg": 64}],
+    "1x128_row": [{"SUB": 8, "BC": 128, "num_warps": 4}, {"SUB": 16, "BC": 128, "num_warps": 8}],
+    "1x128_col": [{"SUB": 32, "BC": 64, "num_warps": 4}, {"SUB": 32, "BC": 32, "num_warps": 2}],
+    "128x128": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8},
+                {"SUB": 32, "BC": 128, "num_warps": 8, "maxnreg": 128}],
+    "mxfp8": [{"NB": 2, "num_warps": 2}, {"NB": 1, "num_warps": 1}, {"NB": 2, "num_warps": 1},
+              {"NB": 4, "num_warps": 2}, {"NB": 4, "num_warps": 4, "maxnreg": 64}],
 }
 SWEEP_CALL = {"1x128_both": ("blockwise", "1x128", True, True),
               "1x128_row": ("blockwise", "1x128", True, False),
@@ -144,14 +144,15 @@ def bench(device, sizes, dtype, backends, calls, repeat, rowwise_only) -> None:
                 line = (f"  {recipe + ' ' + block:<18} {f'{M}x{K}':>10} {backend:>7} {t * 1e6:9.1f} "
                         f"{bw:8.1f} {bw / copy_bw:7.2f}")
                 if backend == "triton":
+                    th = statistics.median(_host_time(fn, calls) for _ in range(repeat))
                     tg = _graph_time(fn, calls, repeat)
                     if tg is not None:
                         line += f" {tg * 1e6:9.1f} {nbytes / tg / 1e9 / copy_bw:8.2f}"
                     else:
                         line += f" {'n/a':>9} {'n/a':>8}"
-                    line += f" {_host_time(fn, calls) * 1e6:8.1f}"
+                    line += f" {th * 1e6:8.1f}"
                 print(line)
-        del x, dst
+        x = dst = None  # free before the next size
         if device.type == "cuda":
             torch.cuda.empty_cache()
     _set_backend("triton")
@@ -175,18 +176,29 @@ def sweep(device, dtype, calls, repeat) -> None:
             tq.CONFIG[key] = dict(cfg)
             try:
                 q = quantize(x, recipe, **kw)
+                compiled = next(reversed(tq._PLANS.values())).compiled  # the kernel this config compiled
                 same = all(torch.equal(getattr(q, p), getattr(base, p)) for p in
                            ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
                            if getattr(q, p) is not None)
                 tg = _graph_time(lambda: quantize(x, recipe, **kw), calls, repeat)
                 t = _time(lambda: quantize(x, recipe, **kw), device, calls, repeat)
-                print(f"  {key:<11} {str(cfg):<44} calls {nbytes / t / 1e9 / copy_bw:5.2f}x  graph "
+                print(f"  {key:<11} {str(cfg):<44} regs {compiled.n_regs:3d} spills {compiled.n_spills} "
+                      f"calls {nbytes / t / 1e9 / copy_bw:5.2f}x  graph "
                       + (f"{nbytes / tg / 1e9 / copy_bw:5.2f}x {tg * 1e6:7.1f} us" if tg else "n/a")
                       + ("" if same else "  BYTES DIFFER") + ("  [current]" if cfg == default else ""))
             except Exception as exc:
                 print(f"  {key:<11} {str(cfg):<44} ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
             finally:
                 tq.CONFIG[key] = default
+    old = tq.get_math_mode()
+    tq.set_math_mode("tl" if old == "asm" else "asm")
+    for key in ("1x128_both", "128x128", "mxfp8"):
+        recipe, block, row, col = SWEEP_CALL[key]
+        fn = lambda: quantize(x, recipe, block=block)  # noqa: E731
+        nbytes = x.numel() * x.element_size() + fn().nbytes
+        tg = _graph_time(fn, calls, repeat)
+        print(f"  {key:<11} math mode {tq.get_math_mode()!r}: graph {nbytes / tg / 1e9 / copy_bw:5.2f}x {tg * 1e6:7.1f} us")
+    tq.set_math_mode(old)
 
 
 def main(argv=None) -> int:
