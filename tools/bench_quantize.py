@@ -39,15 +39,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 #: alternatives tried by --sweep (the current tq.CONFIG entry is always timed first)
 SWEEP = {
-    "1x128_both": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8},
-                   {"SUB": 32, "BC": 128, "num_warps": 8, "maxnreg": 128},
-                   {"SUB": 32, "BC": 128, "num_warps": 16, "maxnreg": 64}],
+    "1x128_both": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8}],
     "1x128_row": [{"SUB": 8, "BC": 128, "num_warps": 4}, {"SUB": 16, "BC": 128, "num_warps": 8}],
-    "1x128_col": [{"SUB": 32, "BC": 64, "num_warps": 4}, {"SUB": 32, "BC": 32, "num_warps": 2}],
-    "128x128": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8},
-                {"SUB": 32, "BC": 128, "num_warps": 8, "maxnreg": 128}],
-    "mxfp8": [{"NB": 2, "num_warps": 2}, {"NB": 1, "num_warps": 1}, {"NB": 2, "num_warps": 1},
-              {"NB": 4, "num_warps": 2}, {"NB": 4, "num_warps": 4, "maxnreg": 64}],
+    "1x128_col": [{"SUB": 32, "BC": 32, "num_warps": 2}, {"SUB": 32, "BC": 64, "num_warps": 4}],
+    "128x128": [{"num_warps": 2}, {"num_warps": 4}, {"num_warps": 8}],
+    "mxfp8": [{"NB": 1, "num_warps": 1}, {"NB": 2, "num_warps": 1}, {"NB": 2, "num_warps": 2},
+              {"NB": 4, "num_warps": 1}],
 }
 SWEEP_CALL = {"1x128_both": ("blockwise", "1x128", True, True),
               "1x128_row": ("blockwise", "1x128", True, False),

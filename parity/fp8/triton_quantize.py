@@ -241,9 +241,7 @@ if triton is not None:
         1x128: the amax of a tile row is its 1x128 block (needs BC == 128 for DO_ROW), the amax
         of a tile column over all four sub-tiles its 128x1 block (needs 4*SUB == 128 for DO_COL).
         128x128: one amax and one scale for the tile (4*SUB == BC == 128), the same bytes in both
-        usages, computed once per usage from the scale in that usage's lanes (a variant that fed
-        one set of bytes to both the direct and the transposed store gave wrong columnwise bytes
-        on an H200 with Triton 3.6; the cause was not isolated). Rowwise data [M, K], scale_inv grid [Kb, rs_ld] element [kb, m] (1x128) or
+        usages, computed once per usage from the scale in that usage's lanes. Rowwise data [M, K], scale_inv grid [Kb, rs_ld] element [kb, m] (1x128) or
         [Mb, rs_ld] element [mb, kb] (128x128); columnwise data transposed [K, M] (PACK: written
         as 32-bit words of four rows, cq_ptr then points to int32, M % 4 == 0), scale_inv grid
         [Mb, cs_ld] element [mb, k] (1x128) or [Kb, cs_ld] element [kb, mb] (128x128).
@@ -275,21 +273,24 @@ if triton is not None:
         a3 = _abs_bits(x3)
 
         # both reductions first: the |x| bits need not outlive them
-        if DO_COL or TILE2D:
-            amc = tl.max(_max4(a0, a1, a2, a3), axis=0)  # column maxima [BC]
-        if DO_ROW:
-            am0 = tl.max(a0, axis=1)  # row maxima [SUB] of each sub-tile
-            am1 = tl.max(a1, axis=1)
-            am2 = tl.max(a2, axis=1)
-            am3 = tl.max(a3, axis=1)
-        if TILE2D:  # one amax for the tile, in the lanes of both usages (exact int adds)
-            t = tl.max(amc, axis=0)
-            amc = tl.zeros_like(amc) + t
+        if TILE2D:
+            # the tile amax in the lanes of both usages, each lane computed by a reduction: a
+            # scalar broadcast into the lanes (tl.zeros_like(v) + t) gave wrong columnwise
+            # bytes with Triton 3.6 on an H200
+            amr = tl.max(_max4(a0, a1, a2, a3), axis=1)  # row maxima [SUB]
+            amc = tl.max(tl.broadcast_to(amr[:, None], (SUB, BC)), axis=0)  # [BC], each the tile max
+            am0 = tl.max(tl.broadcast_to(amc[None, :], (SUB, BC)), axis=1)  # [SUB], each the tile max
+            am1 = am0
+            am2 = am0
+            am3 = am0
+        else:
+            if DO_COL:
+                amc = tl.max(_max4(a0, a1, a2, a3), axis=0)  # column maxima [BC]
             if DO_ROW:
-                am0 = tl.zeros_like(am0) + t
-                am1 = tl.zeros_like(am1) + t
-                am2 = tl.zeros_like(am2) + t
-                am3 = tl.zeros_like(am3) + t
+                am0 = tl.max(a0, axis=1)  # row maxima [SUB] of each sub-tile
+                am1 = tl.max(a1, axis=1)
+                am2 = tl.max(a2, axis=1)
+                am3 = tl.max(a3, axis=1)
 
         if DO_ROW:
             s0, si0 = _bw_scale(am0, eps, vinf_bits, pow2_mask, FMAX, ASM)
@@ -387,11 +388,11 @@ if triton is not None:
 #: tiles and warps per recipe/usage (SUB: rows per sub-tile, a program reads 4*SUB rows; BC:
 #: columns; NB: 32-column blocks per MXFP8 program); tools/bench_quantize.py --sweep times others.
 CONFIG = {
-    "1x128_both": {"SUB": 32, "BC": 128, "num_warps": 4},
+    "1x128_both": {"SUB": 32, "BC": 128, "num_warps": 8},
     "1x128_row": {"SUB": 8, "BC": 128, "num_warps": 4},
-    "1x128_col": {"SUB": 32, "BC": 64, "num_warps": 4},
-    "128x128": {"num_warps": 8},
-    "mxfp8": {"NB": 2, "num_warps": 2},
+    "1x128_col": {"SUB": 32, "BC": 32, "num_warps": 2},
+    "128x128": {"num_warps": 4},
+    "mxfp8": {"NB": 2, "num_warps": 1},
 }
 
 # launch options that keep the arithmetic IEEE (dropped if this Triton does not know them)
