@@ -241,7 +241,8 @@ if triton is not None:
         1x128: the amax of a tile row is its 1x128 block (needs BC == 128 for DO_ROW), the amax
         of a tile column over all four sub-tiles its 128x1 block (needs 4*SUB == 128 for DO_COL).
         128x128: one amax and one scale for the tile (4*SUB == BC == 128), the same bytes in both
-        usages, computed once per usage from the scale in that usage's lanes. Rowwise data [M, K], scale_inv grid [Kb, rs_ld] element [kb, m] (1x128) or
+        usages, computed once per usage from the scale in that usage's lanes; needs DO_ROW
+        (triton_parts transposes the rowwise bytes for a columnwise-only call). Rowwise data [M, K], scale_inv grid [Kb, rs_ld] element [kb, m] (1x128) or
         [Mb, rs_ld] element [mb, kb] (128x128); columnwise data transposed [K, M] (PACK: written
         as 32-bit words of four rows, cq_ptr then points to int32, M % 4 == 0), scale_inv grid
         [Mb, cs_ld] element [mb, k] (1x128) or [Kb, cs_ld] element [kb, mb] (128x128).
@@ -496,6 +497,14 @@ def triton_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: bool
     if M == 0 or K == 0:  # nothing to launch: the torch path handles the empty layouts
         from .quantize import _quantize_parts  # does not dispatch back for an empty input
         return _quantize_parts(x2, recipe, block, fp8, pow2, eps, rowwise, columnwise)
+    if block == "128x128" and not rowwise:
+        # the columnwise copy is the exact transpose of the rowwise one (te.md 1.4), as in the
+        # torch path; the kernel's columnwise-only variant gave wrong bytes for partial tiles
+        # with Triton 3.6 on an H200
+        from .quantize import _transpose_2d_parts
+        row = triton_parts(x2, recipe, block, fp8, pow2, eps, True, False)
+        data, scale = _transpose_2d_parts(row["rowwise_data"], row["rowwise_scale_inv"], M, K)
+        return {"columnwise_data": data, "columnwise_scale_inv": scale}
     cfg = CONFIG["mxfp8" if recipe == "mxfp8" else "128x128" if block == "128x128" else
                  "1x128_both" if rowwise and columnwise else "1x128_row" if rowwise else "1x128_col"]
     dev = x2.device
