@@ -74,7 +74,9 @@ def assert_identical(x: torch.Tensor, recipe: str, **kw):
 
 
 def _f32(bits) -> torch.Tensor:
-    return torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    """fp32 values with the given bit patterns (a list or an int64 tensor)."""
+    t = bits if isinstance(bits, torch.Tensor) else torch.tensor(bits, dtype=torch.int64)
+    return t.to(torch.int32).view(torch.float32)
 
 
 def rand(m, k, dtype, scale=10.0, seed=0):

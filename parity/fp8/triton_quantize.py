@@ -26,9 +26,13 @@ Exactness notes (all must hold for bit-identical results):
   environment variable ``PARITY_TRITON_MATH=asm|tl`` or :func:`set_math_mode`.
 * Kernels are launched with ``enable_fp_fusion=False`` and ``enable_reflect_ftz=False`` (dropped
   automatically if the installed Triton does not know these options).
-* The fp8 cast is ``.to(tl.float8e4nv / tl.float8e5, fp_downcast_rounding="rtne")`` after a clamp
-  to +-fp8max (on sm_90 this is ``cvt.rn.satfinite``); NaN inputs are then forced to byte 0x7F
-  (x * scale is NaN exactly when x is: every scale is finite and non-zero).
+* The fp8 cast is ``.to(tl.float8e4nv / tl.float8e5, fp_downcast_rounding="rtne")``. On sm_89+
+  it is ``cvt.rn.satfinite``, which saturates and writes NaN as 0x7F by itself; elsewhere (and in
+  the interpreter) the kernels clamp to +-fp8max first and force NaN inputs to byte 0x7F (x * scale
+  is NaN exactly when x is: every scale is finite and non-zero).
+* Triton 3.6 gave wrong columnwise 128x128 bytes for a scalar broadcast into a vector and then
+  into the tile, and for the columnwise-only 128x128 variant on partial tiles; see _bw_kernel
+  and triton_parts for the forms used instead (the tests catch both).
 
 Running the kernels under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) is supported
 for debugging; inline PTX cannot run there, so the interpreter always uses math mode "tl".
@@ -398,6 +402,7 @@ CONFIG = {
 
 # launch options that keep the arithmetic IEEE (dropped if this Triton does not know them)
 _EXTRA_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+
 
 class _Plan:
     """One launch for one call signature: the kernel, its grid and constexprs, the shapes of the
