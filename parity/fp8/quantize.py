@@ -59,9 +59,10 @@ BLOCKWISE_BLOCKS = ("1x128", "128x128")
 _HP_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SIGN_EXP_MASK = -8388608  # 0xFF800000 as int32: keep sign + exponent, clear 23 mantissa bits
 
-#: opt-in Triton kernels for CUDA inputs (parity/fp8/triton_quantize.py, byte-identical); this torch
-#: code stays the reference. Set PARITY_TRITON_QUANTIZE=1 before import, or assign at run time.
-USE_TRITON = os.environ.get("PARITY_TRITON_QUANTIZE") == "1"
+#: CUDA inputs go to the Triton kernels of parity/fp8/triton_quantize.py (byte-identical, one pass)
+#: whenever triton imports; this torch code is the fallback and the reference. Set
+#: PARITY_TRITON_QUANTIZE=0 before import (or assign False at run time) to force the torch path.
+USE_TRITON = os.environ.get("PARITY_TRITON_QUANTIZE", "1").strip() != "0"
 
 _BLOCK_ALIASES = {
     "1x128": "1x128", "1": "1x128", "1d": "1x128", "128x1": "1x128",

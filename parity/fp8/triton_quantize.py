@@ -1,15 +1,18 @@
-"""Triton kernels for the blockwise (1x128 / 128x128) and MXFP8 quantizers, byte-identical to
-:mod:`parity.fp8.quantize` (the torch reference; spec: shared/research/te.md sections 1.2, 1.3, 2.2,
-2.3).
+"""Triton kernels for the blockwise (1x128 / 128x128) and MXFP8 quantizers, byte-identical to the
+torch reference in :mod:`parity.fp8.quantize` (spec: docs/spec/te.md sections 1.2, 1.3, 2.2, 2.3).
 
-One kernel launch per call does the whole hot path: NaN-ignoring block amax, the scale (te.md 1.2)
-or E8M0 exponent (te.md 2.2), the fp32 multiply, the saturating round-to-nearest-even cast to fp8
-and the canonical NaN byte 0x7F, for the rowwise and the columnwise usage from one read of the
-input. Storage tensors have exactly the layout and zero padding of :mod:`parity.fp8.quantize`.
+One launch per call and one read of the input: each program loads one tile of ``x`` into registers
+and writes, from those registers, the rowwise and the columnwise FP8 bytes and both scale grids
+(NaN-ignoring block amax, the scale rule of te.md 1.2 or the E8M0 exponent of te.md 2.2, the fp32
+multiply, the saturating round-to-nearest-even cast and the canonical NaN byte 0x7F). Storage
+tensors have exactly the layout and zero padding of :mod:`parity.fp8.quantize`.
 
     quantize_triton(x, recipe, *, block=None, fp8_dtype="e4m3", pow2_scales=True, eps=0.0,
                     rowwise=True, columnwise=True) -> QuantizedTensor
     triton_available() -> bool
+
+``parity.fp8.quantize.quantize`` routes CUDA inputs here by default (``PARITY_TRITON_QUANTIZE=0``
+keeps the torch path); tests/test_fp8_triton.py checks the bytes against the torch path.
 
 Exactness notes (all must hold for bit-identical results):
 
@@ -23,8 +26,13 @@ Exactness notes (all must hold for bit-identical results):
   environment variable ``PARITY_TRITON_MATH=asm|tl`` or :func:`set_math_mode`.
 * Kernels are launched with ``enable_fp_fusion=False`` and ``enable_reflect_ftz=False`` (dropped
   automatically if the installed Triton does not know these options).
-* The fp8 cast is ``.to(tl.float8e4nv / tl.float8e5, fp_downcast_rounding="rtne")`` after a clamp
-  to +-fp8max (on sm_90 this is ``cvt.rn.satfinite``); NaN inputs are then forced to byte 0x7F.
+* The fp8 cast is ``.to(tl.float8e4nv / tl.float8e5, fp_downcast_rounding="rtne")``. On sm_89+
+  it is ``cvt.rn.satfinite``, which saturates and writes NaN as 0x7F by itself; elsewhere (and in
+  the interpreter) the kernels clamp to +-fp8max first and force NaN inputs to byte 0x7F (x * scale
+  is NaN exactly when x is: every scale is finite and non-zero).
+* Triton 3.6 gave wrong columnwise 128x128 bytes for a scalar broadcast into a vector and then
+  into the tile, and for the columnwise-only 128x128 variant on partial tiles; see _bw_kernel
+  and triton_parts for the forms used instead (the tests catch both).
 
 Running the kernels under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) is supported
 for debugging; inline PTX cannot run there, so the interpreter always uses math mode "tl".
@@ -71,10 +79,11 @@ except Exception as exc:  # pragma: no cover - depends on the environment
 MATH_MODES = ("asm", "tl")
 _VINF_BITS = {torch.bfloat16: 0x7F7F0000, torch.float16: 0x477FE000, torch.float32: 0x7F7FFFFF}
 _SIGN_EXP_MASK = -8388608  # 0xFF800000 as int32
+_INT32_LIMIT = 2**31 - 1
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: Triton's interpreter (CPU tensors, for debugging); triton reads the variable at import too
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 _math_mode = os.environ.get("PARITY_TRITON_MATH", "asm").strip().lower() or "asm"
@@ -91,18 +100,22 @@ def set_math_mode(mode: str) -> None:
 
 
 def get_math_mode() -> str:
-    return "tl" if _interpreting() else _math_mode
+    return "tl" if _INTERPRET else _math_mode
+
+
+_cuda_ok = None  # torch.cuda.is_available(), asked once (it does not change within a process)
 
 
 def triton_unavailable_reason():
     """None when the Triton path can run here, else a short reason."""
+    global _cuda_ok
     if _TRITON_IMPORT_ERROR is not None:
         return f"triton is not importable ({_TRITON_IMPORT_ERROR})"
-    if _interpreting():
+    if _INTERPRET:
         return None
-    if not torch.cuda.is_available():
-        return "CUDA is not available"
-    return None
+    if _cuda_ok is None:
+        _cuda_ok = torch.cuda.is_available()
+    return None if _cuda_ok else "CUDA is not available"
 
 
 def triton_available() -> bool:
@@ -137,22 +150,37 @@ if triton is not None:
         return r
 
     @triton.jit
-    def _load_f32(x_ptr, offs, mask):
-        """(x fp32, nan mask, |x| bits with NaN -> 0) of a masked tile (masked-out elements: 0)."""
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    def _load(ptrs, mask, EVEN: tl.constexpr):
+        """x as fp32 (masked-out elements 0); EVEN: the tile is full, no mask."""
+        if EVEN:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=mask, other=0.0)
+        return x.to(tl.float32)
+
+    @triton.jit
+    def _store(ptrs, v, mask, EVEN: tl.constexpr):
+        if EVEN:
+            tl.store(ptrs, v)
+        else:
+            tl.store(ptrs, v, mask=mask)
+
+    @triton.jit
+    def _abs_bits(x):
+        """int32 bits of |x| with NaN -> 0: non-negative floats order like their bits, so an
+        integer max of these is the NaN-ignoring amax."""
         ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        nan = ab > 0x7F800000
-        a = tl.where(nan, 0, ab)
-        return x, nan, a
+        return tl.where(ab > 0x7F800000, 0, ab)
 
     @triton.jit
     def _bw_scale(amax, eps, vinf_bits, pow2_mask, FMAX: tl.constexpr, ASM: tl.constexpr):
-        """(scale, scale_inv) fp32 from NaN-free non-negative fp32 amax (te.md 1.2).
+        """(scale, scale_inv) fp32 from the int32 bits of NaN-free non-negative amaxes (te.md 1.2).
 
         eps: fp32 amax epsilon (0 is a no-op: amax >= +0); vinf_bits: fp32 bits of the input
         dtype's max; pow2_mask: 0xFF800000 (as int32) for power-of-two scales, else -1.
         """
-        a = tl.where(amax < eps, eps, amax)
+        a = amax.to(tl.float32, bitcast=True)
+        a = tl.where(a < eps, eps, a)
         ab = a.to(tl.int32, bitcast=True)
         unit = (ab == 0x7F800000) | (ab == 0)  # a is never NaN and never -0 here
         s = _div_rn(FMAX, a, ASM)
@@ -166,8 +194,8 @@ if triton is not None:
 
     @triton.jit
     def _mx_scale(amax, RCP: tl.constexpr, ASM: tl.constexpr):
-        """(E8M0 exponent int32, multiplier 2^(127-e) fp32) from fp32 amax (te.md 2.2)."""
-        v = _mul_rn(amax, RCP, ASM)
+        """(E8M0 exponent int32, multiplier 2^(127-e) fp32) from the int32 bits of amaxes (te.md 2.2)."""
+        v = _mul_rn(amax.to(tl.float32, bitcast=True), RCP, ASM)
         vb = v.to(tl.int32, bitcast=True)
         ex = (vb >> 23) & 0xFF
         man = vb & 0x7FFFFF
@@ -180,157 +208,286 @@ if triton is not None:
         return e, sb.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _fp8_bytes(x, s, nan, FMAX: tl.constexpr, E5: tl.constexpr, ASM: tl.constexpr):
-        """uint8 bits of Q(RN32(x * s)): clamp, RNE cast, NaN -> 0x7F."""
+    def _fp8_bytes(x, s, FMAX: tl.constexpr, E5: tl.constexpr, SAT: tl.constexpr, ASM: tl.constexpr):
+        """uint8 bits of Q(RN32(x * s)): saturate to +-fp8max, round to nearest even, NaN -> 0x7F.
+
+        SAT: the hardware cast does all three (sm_89+: cvt.rn.satfinite, whose NaN is 0x7F);
+        otherwise clamp first and set NaN bytes here (s is finite and > 0, so x * s is NaN
+        exactly when x is)."""
         y = _mul_rn(x, s, ASM)
-        y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+        if not SAT:
+            nan = y != y
+            y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
         if E5:
-            q = y.to(tl.float8e5, fp_downcast_rounding="rtne")
+            q = y.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
         else:
-            q = y.to(tl.float8e4nv, fp_downcast_rounding="rtne")
-        qb = q.to(tl.uint8, bitcast=True).to(tl.int32)
-        qb = tl.where(nan, 0x7F, qb)
-        return qb.to(tl.uint8)
+            q = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        if not SAT:
+            q = tl.where(nan, 0x7F, q).to(tl.uint8)
+        return q
+
+    @triton.jit
+    def _max4(a0, a1, a2, a3):
+        return tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3))
 
     @triton.jit(do_not_specialize=["rs_ld", "cs_ld", "eps", "vinf_bits", "pow2_mask"])
-    def _bw1d_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
-                     FMAX: tl.constexpr, E5: tl.constexpr, DO_ROW: tl.constexpr,
-                     DO_COL: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, ASM: tl.constexpr):
-        """1x128 blocks. Program (pr, pc) reads the tile x[pr*BR:+BR, pc*BC:+BC] of x [M, K].
+    def _bw_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
+                   FMAX: tl.constexpr, E5: tl.constexpr, TILE2D: tl.constexpr, DO_ROW: tl.constexpr,
+                   DO_COL: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr,
+                   EVEN: tl.constexpr, OFF64: tl.constexpr, SAT: tl.constexpr, ASM: tl.constexpr):
+        """Blockwise 1x128 (TILE2D False) or 128x128 (TILE2D True) blocks of x [M, K].
 
-        DO_ROW (needs BC == 128): per-row amax of the tile = the 1x128 block (row, kb = pc);
-        data [M, K], scale_inv grid [Kb, rs_ld] element [kb, m].
-        DO_COL (needs BR == 128): per-column amax = the 128x1 block (mb = pr, col);
-        data stored transposed [K, M], scale_inv grid [Mb, cs_ld] element [mb, k].
+        Program (pr, pc) reads the tile x[pr*4*SUB : +4*SUB, pc*BC : +BC] once, as four row
+        sub-tiles x_j = rows pr*4*SUB + 4i + j (i < SUB): every row of the tile is in one of
+        them and each column is split over the four alike, so the four bytes of rows 4i..4i+3 of
+        one column (adjacent in the transposed columnwise data) sit in one thread.
+
+        1x128: the amax of a tile row is its 1x128 block (needs BC == 128 for DO_ROW), the amax
+        of a tile column over all four sub-tiles its 128x1 block (needs 4*SUB == 128 for DO_COL).
+        128x128: one amax and one scale for the tile (4*SUB == BC == 128), the same bytes in both
+        usages, computed once per usage from the scale in that usage's lanes; needs DO_ROW
+        (triton_parts transposes the rowwise bytes for a columnwise-only call). Rowwise data [M, K], scale_inv grid [Kb, rs_ld] element [kb, m] (1x128) or
+        [Mb, rs_ld] element [mb, kb] (128x128); columnwise data transposed [K, M] (PACK: written
+        as 32-bit words of four rows, cq_ptr then points to int32, M % 4 == 0), scale_inv grid
+        [Mb, cs_ld] element [mb, k] (1x128) or [Kb, cs_ld] element [kb, mb] (128x128).
         """
         pr = tl.program_id(0)
         pc = tl.program_id(1)
-        rows = pr * BR + tl.arange(0, BR)
-        cols = pc * BC + tl.arange(0, BC)
-        rmask = rows < M
-        cmask = cols < K
-        mask = rmask[:, None] & cmask[None, :]
-        r64 = rows.to(tl.int64)
-        c64 = cols.to(tl.int64)
-        offs = r64[:, None] * K + c64[None, :]
-        x, nan, a = _load_f32(x_ptr, offs, mask)
-        if DO_ROW:
-            am = tl.max(a, axis=1).to(tl.float32, bitcast=True)
-            s, sinv = _bw_scale(am, eps, vinf_bits, pow2_mask, FMAX, ASM)
-            q = _fp8_bytes(x, tl.broadcast_to(s[:, None], (BR, BC)), nan, FMAX, E5, ASM)
-            tl.store(rq_ptr + offs, q, mask=mask)
-            tl.store(rs_ptr + pc * rs_ld + rows, sinv, mask=rmask)
-        if DO_COL:
-            am = tl.max(a, axis=0).to(tl.float32, bitcast=True)
-            s, sinv = _bw_scale(am, eps, vinf_bits, pow2_mask, FMAX, ASM)
-            q = _fp8_bytes(x, tl.broadcast_to(s[None, :], (BR, BC)), nan, FMAX, E5, ASM)
-            tl.store(cq_ptr + (c64[None, :] * M + r64[:, None]), q, mask=mask)
-            tl.store(cs_ptr + pr * cs_ld + cols, sinv, mask=cmask)
+        i = tl.arange(0, SUB)
+        c = tl.arange(0, BC)
+        if OFF64:
+            i = i.to(tl.int64)
+            c = c.to(tl.int64)
+        row0 = pr * (4 * SUB)
+        col0 = pc * BC
+        rows = row0 + 4 * i  # first row of each group of four
+        cmask = col0 + c < K
+        m0 = (rows < M)[:, None] & cmask[None, :]
+        m1 = (rows + 1 < M)[:, None] & cmask[None, :]
+        m2 = (rows + 2 < M)[:, None] & cmask[None, :]
+        m3 = (rows + 3 < M)[:, None] & cmask[None, :]
+        tile = row0.to(tl.int64) * K + col0
+        offs = (4 * i)[:, None] * K + c[None, :]  # sub-tile 0 in the tile; sub-tile j adds j*K
+        x0 = _load(x_ptr + tile + offs, m0, EVEN)
+        x1 = _load(x_ptr + tile + K + offs, m1, EVEN)
+        x2 = _load(x_ptr + tile + 2 * K + offs, m2, EVEN)
+        x3 = _load(x_ptr + tile + 3 * K + offs, m3, EVEN)
+        a0 = _abs_bits(x0)
+        a1 = _abs_bits(x1)
+        a2 = _abs_bits(x2)
+        a3 = _abs_bits(x3)
 
-    @triton.jit(do_not_specialize=["rs_ld", "cs_ld", "eps", "vinf_bits", "pow2_mask"])
-    def _bw2d_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
-                     FMAX: tl.constexpr, E5: tl.constexpr, DO_ROW: tl.constexpr,
-                     DO_COL: tl.constexpr, B: tl.constexpr, ASM: tl.constexpr):
-        """128x128 tiles, one program per tile (pm, pk): one scale for the tile; the bytes go to
-        the rowwise data [M, K] and/or transposed to the columnwise data [K, M]; scale_inv to
-        grid [Mb, rs_ld] element [pm, pk] and/or grid [Kb, cs_ld] element [pk, pm]."""
-        pm = tl.program_id(0)
-        pk = tl.program_id(1)
-        rows = pm * B + tl.arange(0, B)
-        cols = pk * B + tl.arange(0, B)
-        mask = (rows < M)[:, None] & (cols < K)[None, :]
-        r64 = rows.to(tl.int64)
-        c64 = cols.to(tl.int64)
-        offs = r64[:, None] * K + c64[None, :]
-        x, nan, a = _load_f32(x_ptr, offs, mask)
-        am = tl.max(tl.max(a, axis=1), axis=0)  # int32 scalar: bits of the tile amax
-        amv = tl.full((B,), 0, tl.int32) + am  # the same value in every lane (exact int add)
-        s, sinv = _bw_scale(amv.to(tl.float32, bitcast=True), eps, vinf_bits, pow2_mask, FMAX, ASM)
-        q = _fp8_bytes(x, tl.broadcast_to(s[:, None], (B, B)), nan, FMAX, E5, ASM)
-        sinv0 = tl.max(sinv.to(tl.int32, bitcast=True), axis=0).to(tl.float32, bitcast=True)
+        # both reductions first: the |x| bits need not outlive them
+        if TILE2D:
+            # the tile amax in the lanes of both usages, each lane computed by a reduction: a
+            # scalar broadcast into the lanes (tl.zeros_like(v) + t) gave wrong columnwise
+            # bytes with Triton 3.6 on an H200
+            amr = tl.max(_max4(a0, a1, a2, a3), axis=1)  # row maxima [SUB]
+            amc = tl.max(tl.broadcast_to(amr[:, None], (SUB, BC)), axis=0)  # [BC], each the tile max
+            am0 = tl.max(tl.broadcast_to(amc[None, :], (SUB, BC)), axis=1)  # [SUB], each the tile max
+            am1 = am0
+            am2 = am0
+            am3 = am0
+        else:
+            if DO_COL:
+                amc = tl.max(_max4(a0, a1, a2, a3), axis=0)  # column maxima [BC]
+            if DO_ROW:
+                am0 = tl.max(a0, axis=1)  # row maxima [SUB] of each sub-tile
+                am1 = tl.max(a1, axis=1)
+                am2 = tl.max(a2, axis=1)
+                am3 = tl.max(a3, axis=1)
+
         if DO_ROW:
-            tl.store(rq_ptr + offs, q, mask=mask)
-            tl.store(rs_ptr + pm * rs_ld + pk, sinv0)
+            s0, si0 = _bw_scale(am0, eps, vinf_bits, pow2_mask, FMAX, ASM)
+            s1, si1 = _bw_scale(am1, eps, vinf_bits, pow2_mask, FMAX, ASM)
+            s2, si2 = _bw_scale(am2, eps, vinf_bits, pow2_mask, FMAX, ASM)
+            s3, si3 = _bw_scale(am3, eps, vinf_bits, pow2_mask, FMAX, ASM)
+            if TILE2D:
+                tl.store(rs_ptr + pr * rs_ld + pc, tl.max(si0.to(tl.int32, bitcast=True), axis=0)
+                         .to(tl.float32, bitcast=True))
+            else:
+                sp = rs_ptr + pc * rs_ld + rows
+                tl.store(sp, si0, mask=rows < M)
+                tl.store(sp + 1, si1, mask=rows + 1 < M)
+                tl.store(sp + 2, si2, mask=rows + 2 < M)
+                tl.store(sp + 3, si3, mask=rows + 3 < M)
+            qp = rq_ptr + tile + offs
+            _store(qp, _fp8_bytes(x0, tl.broadcast_to(s0[:, None], (SUB, BC)), FMAX, E5, SAT, ASM), m0, EVEN)
+            _store(qp + K, _fp8_bytes(x1, tl.broadcast_to(s1[:, None], (SUB, BC)), FMAX, E5, SAT, ASM), m1, EVEN)
+            _store(qp + 2 * K, _fp8_bytes(x2, tl.broadcast_to(s2[:, None], (SUB, BC)), FMAX, E5, SAT, ASM),
+                   m2, EVEN)
+            _store(qp + 3 * K, _fp8_bytes(x3, tl.broadcast_to(s3[:, None], (SUB, BC)), FMAX, E5, SAT, ASM),
+                   m3, EVEN)
         if DO_COL:
-            tl.store(cq_ptr + (c64[None, :] * M + r64[:, None]), q, mask=mask)
-            tl.store(cs_ptr + pk * cs_ld + pm, sinv0)
+            sc, sic = _bw_scale(amc, eps, vinf_bits, pow2_mask, FMAX, ASM)
+            if TILE2D:
+                tl.store(cs_ptr + pc * cs_ld + pr, tl.max(sic.to(tl.int32, bitcast=True), axis=0)
+                         .to(tl.float32, bitcast=True))
+            else:
+                tl.store(cs_ptr + pr * cs_ld + col0 + c, sic, mask=cmask)
+            sc = tl.broadcast_to(sc[None, :], (SUB, BC))
+            q0 = _fp8_bytes(x0, sc, FMAX, E5, SAT, ASM)
+            q1 = _fp8_bytes(x1, sc, FMAX, E5, SAT, ASM)
+            q2 = _fp8_bytes(x2, sc, FMAX, E5, SAT, ASM)
+            q3 = _fp8_bytes(x3, sc, FMAX, E5, SAT, ASM)
+            tmask = cmask[:, None] & (rows < M)[None, :]
+            if PACK:  # word (k, g) of the int32 view holds rows 4g..4g+3 of column k, little-endian
+                w = (q0.to(tl.uint32) | (q1.to(tl.uint32) << 8) | (q2.to(tl.uint32) << 16)
+                     | (q3.to(tl.uint32) << 24)).to(tl.int32, bitcast=True)
+                M4 = M // 4
+                _store(cq_ptr + (col0.to(tl.int64) * M4 + row0 // 4) + (c[:, None] * M4 + i[None, :]),
+                       tl.trans(w), tmask, EVEN)
+            else:
+                cp = cq_ptr + (col0.to(tl.int64) * M + row0) + (c[:, None] * M + (4 * i)[None, :])
+                _store(cp, tl.trans(q0), tmask, EVEN)
+                _store(cp + 1, tl.trans(q1), cmask[:, None] & (rows + 1 < M)[None, :], EVEN)
+                _store(cp + 2, tl.trans(q2), cmask[:, None] & (rows + 2 < M)[None, :], EVEN)
+                _store(cp + 3, tl.trans(q3), cmask[:, None] & (rows + 3 < M)[None, :], EVEN)
 
     @triton.jit(do_not_specialize=["rs_ld", "cs_ld"])
     def _mx_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld,
                    FMAX: tl.constexpr, RCP: tl.constexpr, E5: tl.constexpr,
-                   DO_ROW: tl.constexpr, DO_COL: tl.constexpr, NSUB: tl.constexpr,
-                   ASM: tl.constexpr):
-        """MXFP8 (M, K multiples of 32). Program (pr, pc) covers rows pr*32:+32 and NSUB
-        32-column blocks starting at block pc*NSUB, one 32x32 tile at a time: its per-row amax is
-        a 1x32 rowwise block, its per-column amax a 32x1 columnwise block.
+                   DO_ROW: tl.constexpr, DO_COL: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr,
+                   OFF64: tl.constexpr, SAT: tl.constexpr, ASM: tl.constexpr):
+        """MXFP8 (M, K multiples of 32). Program (pr, pc) reads rows pr*32:+32 of NB 32-column
+        blocks from block pc*NB on, once, as one [32, NB, 32] tile (row, block, column in block):
+        the max over the last axis is the amax of a 1x32 rowwise block, the max over the first
+        axis that of a 32x1 columnwise block.
         Rowwise: data [M, K], E8M0 grid [.., rs_ld] element [m, kb]; columnwise: data [M, K]
         (not transposed), E8M0 grid [.., cs_ld] element [mb, k]."""
         pr = tl.program_id(0)
         pc = tl.program_id(1)
-        rows = pr * 32 + tl.arange(0, 32)
-        rmask = rows < M
-        r64 = rows.to(tl.int64)
-        for j in tl.static_range(NSUB):
-            cb = pc * NSUB + j  # index of the 32-column block
-            cols = cb * 32 + tl.arange(0, 32)
-            cmask = cols < K
-            mask = rmask[:, None] & cmask[None, :]
-            offs = r64[:, None] * K + cols.to(tl.int64)[None, :]
-            x, nan, a = _load_f32(x_ptr, offs, mask)
-            if DO_ROW:
-                am = tl.max(a, axis=1).to(tl.float32, bitcast=True)
-                e, s = _mx_scale(am, RCP, ASM)
-                q = _fp8_bytes(x, tl.broadcast_to(s[:, None], (32, 32)), nan, FMAX, E5, ASM)
-                tl.store(rq_ptr + offs, q, mask=mask)
-                tl.store(rs_ptr + rows * rs_ld + cb, e.to(tl.uint8), mask=rmask & (cb * 32 < K))
-            if DO_COL:
-                am = tl.max(a, axis=0).to(tl.float32, bitcast=True)
-                e, s = _mx_scale(am, RCP, ASM)
-                q = _fp8_bytes(x, tl.broadcast_to(s[None, :], (32, 32)), nan, FMAX, E5, ASM)
-                tl.store(cq_ptr + offs, q, mask=mask)
-                tl.store(cs_ptr + pr * cs_ld + cols, e.to(tl.uint8), mask=cmask)
+        r = tl.arange(0, 32)
+        b = tl.arange(0, NB)
+        c = tl.arange(0, 32)
+        if OFF64:
+            r = r.to(tl.int64)
+        row0 = pr * 32
+        kb = pc * NB + b  # 32-column block index
+        bmask = kb * 32 < K
+        offs = (row0.to(tl.int64) * K + pc * NB * 32) + (r[:, None, None] * K + b[None, :, None] * 32
+                                                        + c[None, None, :])
+        mask3 = bmask[None, :, None]
+        x = _load(x_ptr + offs, mask3, EVEN)
+        a = _abs_bits(x)
+        if DO_COL:  # both reductions first: the |x| bits need not outlive them
+            amc = tl.max(a, axis=0)  # [NB, 32]
+        if DO_ROW:
+            e, s = _mx_scale(tl.max(a, axis=2), RCP, ASM)  # [32, NB]
+            tl.store(rs_ptr + (row0 + r)[:, None] * rs_ld + kb[None, :], e.to(tl.uint8),
+                     mask=bmask[None, :])
+            q = _fp8_bytes(x, tl.broadcast_to(s[:, :, None], (32, NB, 32)), FMAX, E5, SAT, ASM)
+            _store(rq_ptr + offs, q, mask3, EVEN)
+        if DO_COL:
+            e, s = _mx_scale(amc, RCP, ASM)
+            tl.store(cs_ptr + pr * cs_ld + (kb[:, None] * 32 + c[None, :]), e.to(tl.uint8),
+                     mask=bmask[:, None])
+            q = _fp8_bytes(x, tl.broadcast_to(s[None, :, :], (32, NB, 32)), FMAX, E5, SAT, ASM)
+            _store(cq_ptr + offs, q, mask3, EVEN)
 
 
 # ------------------------------------------------------------------------------------------------
 # launch helpers
 # ------------------------------------------------------------------------------------------------
 
-#: tile shapes and warps per recipe/usage (registers per thread measured with ptxas for sm_90a,
-#: bf16 input: 1x128 both 105, row 89, col 112; 128x128 93; mxfp8 56). tools/gpu_triton_check.py
-#: times alternatives; change them here.
+#: tiles and warps per recipe/usage (SUB: rows per sub-tile, a program reads 4*SUB rows; BC:
+#: columns; NB: 32-column blocks per MXFP8 program); tools/bench_quantize.py --sweep times others.
 CONFIG = {
-    "1x128_both": dict(BR=128, BC=128, num_warps=16),
-    "1x128_row": dict(BR=64, BC=128, num_warps=8),
-    "1x128_col": dict(BR=128, BC=64, num_warps=8),
-    "128x128": dict(num_warps=16),
-    "mxfp8": dict(NSUB=4, num_warps=4),
+    "1x128_both": {"SUB": 32, "BC": 128, "num_warps": 8},
+    "1x128_row": {"SUB": 8, "BC": 128, "num_warps": 4},
+    "1x128_col": {"SUB": 32, "BC": 32, "num_warps": 2},
+    "128x128": {"num_warps": 4},
+    "mxfp8": {"NB": 2, "num_warps": 1},
 }
 
 # launch options that keep the arithmetic IEEE (dropped if this Triton does not know them)
 _EXTRA_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
 
 
-def _launch(kernel, grid, args, meta):
-    global _EXTRA_OPTIONS
-    if _EXTRA_OPTIONS and not _interpreting():
-        try:
-            return kernel[grid](*args, **meta, **_EXTRA_OPTIONS)
-        except KeyError as exc:  # "Keyword argument ... was specified but unrecognised"
-            if "unrecognised" not in str(exc) and "unrecognized" not in str(exc):
-                raise
-            _EXTRA_OPTIONS = {}
-    return kernel[grid](*args, **meta)
+class _Plan:
+    """One launch for one call signature: the kernel, its grid and constexprs, the shapes of the
+    storage tensors and the scalar arguments; after the first launch also the CompiledKernel,
+    which later calls launch directly (Triton's argument binding and specialisation are then
+    skipped, about half of the host time of a call)."""
+
+    __slots__ = ("kernel", "grid", "meta", "outputs", "scalars", "pack", "compiled", "tail")
+
+    def __init__(self, kernel, grid, meta, outputs, scalars, pack):
+        self.kernel, self.grid, self.meta = kernel, (grid[0], grid[1], 1), meta
+        self.outputs = outputs  # (shape, dtype, zero-filled) of rq, rs, cq, cs; None: not written
+        self.scalars, self.pack = scalars, pack
+        self.compiled = self.tail = None
+
+    def launch(self, args):
+        global _EXTRA_OPTIONS
+        if self.compiled is not None:
+            self.compiled[self.grid](*args, *self.tail)
+            return
+        if _EXTRA_OPTIONS and not _INTERPRET:
+            try:
+                compiled = self.kernel[self.grid](*args, **self.meta, **_EXTRA_OPTIONS)
+            except KeyError as exc:  # "Keyword argument ... was specified but unrecognised"
+                if "unrecognised" not in str(exc) and "unrecognized" not in str(exc):
+                    raise
+                _EXTRA_OPTIONS = {}
+                compiled = self.kernel[self.grid](*args, **self.meta)
+        else:
+            compiled = self.kernel[self.grid](*args, **self.meta)
+        if not _INTERPRET:  # a CompiledKernel takes every parameter, constexprs included, in order
+            self.tail = tuple(self.meta[n] for n in self.kernel.arg_names[len(args):])
+            self.compiled = compiled
 
 
-def _grid_tensor(rows: int, cols: int, used_rows: int, used_cols: int, dtype, device):
-    """Scale grid: zeros where it has padding (the kernels write only the used part)."""
-    if (rows, cols) == (used_rows, used_cols):
-        return torch.empty((rows, cols), dtype=dtype, device=device)
-    return torch.zeros((rows, cols), dtype=dtype, device=device)
+#: plans by call signature (input dtype, shape, 16-byte alignment and device, recipe arguments,
+#: math mode and tile config: everything the launch depends on)
+_PLANS: dict = {}
+_MAX_PLANS = 4096
 
 
-def _dummy(device):
-    return torch.empty(1, dtype=torch.uint8, device=device)
+def _hardware_satfinite(device: torch.device) -> bool:
+    """The fp32 -> fp8 cast saturates and writes NaN as 0x7F by itself (sm_89+)."""
+    return not _INTERPRET and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _make_plan(x2, recipe, block, fp8, pow2, eps, rowwise, columnwise, cfg) -> _Plan:
+    M, K = x2.shape
+    u8, f32 = torch.uint8, torch.float32
+    flags = dict(FMAX=FP8_MAX[fp8], E5=fp8 == "e5m2", DO_ROW=rowwise, DO_COL=columnwise,
+                 SAT=_hardware_satfinite(x2.device), ASM=get_math_mode() == "asm",
+                 OFF64=BLOCK_LEN * max(M, K) > _INT32_LIMIT)  # else in-tile offsets are int32
+
+    def grid_spec(rows, cols, used_rows, used_cols, dtype):  # zero-filled where it has padding
+        return (rows, cols), dtype, (rows, cols) != (used_rows, used_cols)
+
+    if recipe == "mxfp8":
+        nkb = K // MX_BLOCK_LEN
+        rs = grid_spec(_pad_to(M, 128), _pad_to(nkb, 4), M, nkb, u8)
+        cs = grid_spec(_pad_to(M // MX_BLOCK_LEN, 4), _pad_to(K, 128), M // MX_BLOCK_LEN, K, u8)
+        outputs = (((M, K), u8, False) if rowwise else None, rs if rowwise else None,
+                   ((M, K), u8, False) if columnwise else None, cs if columnwise else None)
+        return _Plan(_mx_kernel, (M // MX_BLOCK_LEN, _ceil_div(nkb, cfg["NB"])),
+                     dict(flags, RCP=FP8_RCP_MAX[fp8], EVEN=nkb % cfg["NB"] == 0, **cfg),
+                     outputs, (rs[0][1] if rowwise else 0, cs[0][1] if columnwise else 0), False)
+    Mb, Kb = _ceil_div(M, BLOCK_LEN), _ceil_div(K, BLOCK_LEN)
+    if block == "1x128":
+        rs = grid_spec(Kb, _pad_to(M, 4), Kb, M, f32)
+        cs = grid_spec(Mb, _pad_to(K, 4), Mb, K, f32)
+        if (rowwise and cfg["BC"] != BLOCK_LEN) or (columnwise and 4 * cfg["SUB"] != BLOCK_LEN):
+            raise ValueError(f"bad 1x128 tile config {cfg}: the blocked dim must be {BLOCK_LEN}")
+    else:
+        rs = grid_spec(Mb, _pad_to(Kb, 4), Mb, Kb, f32)
+        cs = grid_spec(Kb, _pad_to(Mb, 4), Kb, Mb, f32)
+        cfg = dict(cfg, SUB=BLOCK_LEN // 4, BC=BLOCK_LEN)
+    BR = 4 * cfg["SUB"]
+    pack = columnwise and M % 4 == 0  # columnwise bytes written as 32-bit words of four rows
+    outputs = (((M, K), u8, False) if rowwise else None, rs if rowwise else None,
+               ((K, M), u8, False) if columnwise else None, cs if columnwise else None)
+    eps32 = float(torch.tensor(eps, dtype=torch.float32)) if eps else 0.0  # the fp32 value torch uses
+    return _Plan(_bw_kernel, (_ceil_div(M, BR), _ceil_div(K, cfg["BC"])),
+                 dict(flags, TILE2D=block == "128x128", PACK=pack, EVEN=M % BR == 0 and K % cfg["BC"] == 0,
+                      **cfg),
+                 outputs, (rs[0][1] if rowwise else 0, cs[0][1] if columnwise else 0, eps32,
+                           _VINF_BITS[x2.dtype], _SIGN_EXP_MASK if pow2 else -1), pack)
 
 
 def triton_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: bool, eps: float,
@@ -342,61 +499,32 @@ def triton_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: bool
     if x2.dim() != 2 or not x2.is_contiguous():
         raise ValueError("triton_parts expects a contiguous 2-D tensor")
     M, K = x2.shape
-    dev = x2.device
     if M == 0 or K == 0:  # nothing to launch: the torch path handles the empty layouts
         from .quantize import _quantize_parts  # does not dispatch back for an empty input
         return _quantize_parts(x2, recipe, block, fp8, pow2, eps, rowwise, columnwise)
-    E5 = fp8 == "e5m2"
-    fmax = FP8_MAX[fp8]
-    asm = get_math_mode() == "asm"
+    if block == "128x128" and not rowwise:
+        # the columnwise copy is the exact transpose of the rowwise one (te.md 1.4), as in the
+        # torch path; the kernel's columnwise-only variant gave wrong bytes for partial tiles
+        # with Triton 3.6 on an H200
+        from .quantize import _transpose_2d_parts
+        row = triton_parts(x2, recipe, block, fp8, pow2, eps, True, False)
+        data, scale = _transpose_2d_parts(row["rowwise_data"], row["rowwise_scale_inv"], M, K)
+        return {"columnwise_data": data, "columnwise_scale_inv": scale}
+    cfg = CONFIG["mxfp8" if recipe == "mxfp8" else "128x128" if block == "128x128" else
+                 "1x128_both" if rowwise and columnwise else "1x128_row" if rowwise else "1x128_col"]
+    dev = x2.device
+    key = (x2.dtype, M, K, x2.data_ptr() % 16 == 0, dev, recipe, block, fp8, pow2, eps, rowwise,
+           columnwise, _math_mode, tuple(cfg.items()))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _make_plan(x2, recipe, block, fp8, pow2, eps, rowwise, columnwise, cfg)
+    rq, rs, cq, cs = (x2 if spec is None else  # x2: a placeholder the kernel never touches
+                      (torch.zeros if spec[2] else torch.empty)(spec[0], dtype=spec[1], device=dev)
+                      for spec in plan.outputs)
+    plan.launch((x2, rq, rs, cq.view(torch.int32) if plan.pack else cq, cs, M, K, *plan.scalars))
     parts = {}
-    u8, f32 = torch.uint8, torch.float32
-    rq = torch.empty((M, K), dtype=u8, device=dev) if rowwise else _dummy(dev)
-
-    if recipe == "mxfp8":
-        nkb = K // MX_BLOCK_LEN
-        cq = torch.empty((M, K), dtype=u8, device=dev) if columnwise else _dummy(dev)
-        rs = (_grid_tensor(_pad_to(M, 128), _pad_to(nkb, 4), M, nkb, u8, dev) if rowwise
-              else _dummy(dev))
-        cs = (_grid_tensor(_pad_to(M // MX_BLOCK_LEN, 4), _pad_to(K, 128), M // MX_BLOCK_LEN, K, u8, dev)
-              if columnwise else _dummy(dev))
-        cfg = CONFIG["mxfp8"]
-        grid = (M // MX_BLOCK_LEN, _ceil_div(nkb, cfg["NSUB"]))
-        _launch(_mx_kernel, grid,
-                (x2, rq, rs, cq, cs, M, K, rs.shape[-1] if rowwise else 0, cs.shape[-1] if columnwise else 0),
-                dict(FMAX=fmax, RCP=FP8_RCP_MAX[fp8], E5=E5, DO_ROW=rowwise, DO_COL=columnwise,
-                     ASM=asm, **cfg))
-        if rowwise:
-            parts["rowwise_data"], parts["rowwise_scale_inv"] = rq, rs
-        if columnwise:
-            parts["columnwise_data"], parts["columnwise_scale_inv"] = cq, cs
-        return parts
-
-    Mb, Kb = _ceil_div(M, BLOCK_LEN), _ceil_div(K, BLOCK_LEN)
-    eps32 = float(torch.tensor(eps, dtype=torch.float32)) if eps else 0.0  # the fp32 value torch uses
-    pow2_mask = _SIGN_EXP_MASK if pow2 else -1
-    cq = torch.empty((K, M), dtype=u8, device=dev) if columnwise else _dummy(dev)
-    common = dict(FMAX=fmax, E5=E5, DO_ROW=rowwise, DO_COL=columnwise, ASM=asm)
-    scalars = (eps32, _VINF_BITS[x2.dtype], pow2_mask)
-    if block == "1x128":
-        rs = _grid_tensor(Kb, _pad_to(M, 4), Kb, M, f32, dev) if rowwise else _dummy(dev)
-        cs = _grid_tensor(Mb, _pad_to(K, 4), Mb, K, f32, dev) if columnwise else _dummy(dev)
-        cfg = CONFIG["1x128_both" if rowwise and columnwise else "1x128_row" if rowwise else "1x128_col"]
-        if (rowwise and cfg["BC"] != BLOCK_LEN) or (columnwise and cfg["BR"] != BLOCK_LEN):
-            raise ValueError(f"bad 1x128 tile config {cfg}: the blocked dim must be {BLOCK_LEN}")
-        grid = (_ceil_div(M, cfg["BR"]), _ceil_div(K, cfg["BC"]))
-        _launch(_bw1d_kernel, grid,
-                (x2, rq, rs, cq, cs, M, K, rs.shape[-1] if rowwise else 0,
-                 cs.shape[-1] if columnwise else 0, *scalars),
-                dict(common, **cfg))
-    else:
-        rs = _grid_tensor(Mb, _pad_to(Kb, 4), Mb, Kb, f32, dev) if rowwise else _dummy(dev)
-        cs = _grid_tensor(Kb, _pad_to(Mb, 4), Kb, Mb, f32, dev) if columnwise else _dummy(dev)
-        grid = (Mb, Kb)
-        _launch(_bw2d_kernel, grid,
-                (x2, rq, rs, cq, cs, M, K, rs.shape[-1] if rowwise else 0,
-                 cs.shape[-1] if columnwise else 0, *scalars),
-                dict(common, B=BLOCK_LEN, **CONFIG["128x128"]))
     if rowwise:
         parts["rowwise_data"], parts["rowwise_scale_inv"] = rq, rs
     if columnwise:
@@ -411,7 +539,7 @@ def quantize_triton(x: torch.Tensor, recipe: str, *, block=None, fp8_dtype="e4m3
 
     Needs a CUDA tensor and an importable triton (or ``TRITON_INTERPRET=1`` and a CPU tensor).
     """
-    if not (x.is_cuda or _interpreting()):
+    if not (x.is_cuda or _INTERPRET):
         raise ValueError(f"quantize_triton needs a CUDA tensor, got device {x.device}")
     x2, recipe, block, fp8, eps = prepare_args(x, recipe, block, fp8_dtype, pow2_scales, eps,
                                                rowwise, columnwise)
