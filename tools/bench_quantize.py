@@ -23,11 +23,9 @@ import importlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from parity.fp8 import quantize  # noqa: E402
 from parity.fp8 import triton_quantize as tq  # noqa: E402

@@ -3,7 +3,7 @@ torch reference in :mod:`parity.fp8.quantize` (spec: docs/spec/te.md sections 1.
 
 One launch per call and one read of the input: each program loads one tile of ``x`` into registers
 and writes, from those registers, the rowwise and the columnwise FP8 bytes and both scale grids
-(NaN-ignoring block amax, the scale rule of te.md 1.2 or the E8M0 exponent of te.md 2.2, the fp32
+(NaN-ignoring block amax, the scale rule of docs/spec/te.md 1.2 or the E8M0 exponent of docs/spec/te.md 2.2, the fp32
 multiply, the saturating round-to-nearest-even cast and the canonical NaN byte 0x7F). Storage
 tensors have exactly the layout and zero padding of :mod:`parity.fp8.quantize`.
 
@@ -174,7 +174,7 @@ if triton is not None:
 
     @triton.jit
     def _bw_scale(amax, eps, vinf_bits, pow2_mask, FMAX: tl.constexpr, ASM: tl.constexpr):
-        """(scale, scale_inv) fp32 from the int32 bits of NaN-free non-negative amaxes (te.md 1.2).
+        """(scale, scale_inv) fp32 from the int32 bits of NaN-free non-negative amaxes (docs/spec/te.md 1.2).
 
         eps: fp32 amax epsilon (0 is a no-op: amax >= +0); vinf_bits: fp32 bits of the input
         dtype's max; pow2_mask: 0xFF800000 (as int32) for power-of-two scales, else -1.
@@ -194,7 +194,7 @@ if triton is not None:
 
     @triton.jit
     def _mx_scale(amax, RCP: tl.constexpr, ASM: tl.constexpr):
-        """(E8M0 exponent int32, multiplier 2^(127-e) fp32) from the int32 bits of amaxes (te.md 2.2)."""
+        """(E8M0 exponent int32, multiplier 2^(127-e) fp32) from the int32 bits of amaxes (docs/spec/te.md 2.2)."""
         v = _mul_rn(amax.to(tl.float32, bitcast=True), RCP, ASM)
         vb = v.to(tl.int32, bitcast=True)
         ex = (vb >> 23) & 0xFF
@@ -503,7 +503,7 @@ def triton_parts(x2: torch.Tensor, recipe: str, block: str, fp8: str, pow2: bool
         from .quantize import _quantize_parts  # does not dispatch back for an empty input
         return _quantize_parts(x2, recipe, block, fp8, pow2, eps, rowwise, columnwise)
     if block == "128x128" and not rowwise:
-        # the columnwise copy is the exact transpose of the rowwise one (te.md 1.4), as in the
+        # the columnwise copy is the exact transpose of the rowwise one (docs/spec/te.md 1.4), as in the
         # torch path; the kernel's columnwise-only variant gave wrong bytes for partial tiles
         # with Triton 3.6 on an H200
         from .quantize import _transpose_2d_parts

@@ -351,7 +351,7 @@ def test_primitives_match_ieee(mode, sat):
 @gpu
 def test_plain_division_would_be_caught():
     """Triton's own '/' is not correctly rounded: the probe above would fail if _div_rn used it
-    (the scale rule needs IEEE division, te.md 1.2)."""
+    (the scale rule needs IEEE division, docs/spec/te.md 1.2)."""
     a, b = _operands()
     got = _probe(a, b, "asm")
     wrong = int((got["slash"].view(torch.int32) != torch.div(a, b).view(torch.int32)).sum())
