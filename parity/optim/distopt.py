@@ -1,8 +1,8 @@
 """DistributedOptimizer: byte-range shards of DistOpt buffers, fp32 master shards, Adam on
 shards, all-gather of the param buffer (the sibling params' path, docs/spec/megatron.md s1.2).
 
-FP8 params (a ``uint8`` buffer, e.g. an FP8 output projection) take the route the LayerWise FP8
-gather takes (s2.9, s2.12): each rank's shard master is cast to bf16 and all-gathered, and every
+FP8 params (a ``uint8`` buffer, e.g. an FP8 output projection, s2.16) take the route the LayerWise
+FP8 gather takes (s2.9, s2.12): each rank's shard master is cast to bf16 and all-gathered, and every
 rank requantizes the whole param from the gathered bf16 values, so every rank holds
 ``Q(bf16(master))``: what OFF's forward quantizes from its bf16 weight.
 """
