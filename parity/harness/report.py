@@ -12,7 +12,8 @@ import xml.etree.ElementTree as ET
 from parity.vocab import STEP_PHASES
 
 PHASE_ORDER = {p: i for i, p in enumerate(("init",) + STEP_PHASES)}
-OPTIM_STATS = ("step", "lr", "grad_norm", "grad_norm_b", "num_zeros", "num_zeros_b", "clip_coef", "clip_coef_b")
+OPTIM_STATS = ("step", "lr", "grad_norm", "grad_norm_b", "num_zeros", "num_zeros_b",
+               "clip_coef", "clip_coef_b")
 """Per-step optimizer statistics in report.json (``_b``: the reference side)."""
 
 

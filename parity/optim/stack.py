@@ -69,7 +69,8 @@ class OptimConfig:
         if not self.clip_grad >= 0:
             raise ValueError(f"optim.clip_grad must be >= 0 (0: off), got {self.clip_grad}")
         if self.lr_decay_style not in DECAY_STYLES:
-            raise ValueError(f"optim.lr_decay_style must be one of {DECAY_STYLES}, got {self.lr_decay_style!r}")
+            raise ValueError(f"optim.lr_decay_style must be one of {DECAY_STYLES}, "
+                             f"got {self.lr_decay_style!r}")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"optim.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if not 0 <= self.lr_min <= self.lr:
@@ -155,8 +156,8 @@ class Stack:
         self.distopt = DistributedOptimizer(self.ddp.all_buffers(), self.names, cfg.optim.adam_kwargs(),
                                             faults=faults)
         self.definition_order = {p: i for i, p in enumerate(self.params)}
-        self.grad_stats = None     # this step's GradStats (after the grad reduce)
-        self.last_step_stats = {}  # the same as plain numbers, for the per-step report
+        self.last_grad_stats = None  # this step's GradStats (set after the grad reduce)
+        self.last_step_stats = {}    # lr and the grad stats as plain numbers, for the step report
         self.fp8_linears = {m.weight: m for m in self.model.modules() if isinstance(m, FP8Linear)}
         self.overlap = self.ddp.config.overlap_param_gather
         self.grad_buffer_clean = None  # set after each forced sync: LayerWise grad_data all zero?
@@ -227,9 +228,9 @@ class Stack:
         st = grad_stats(counted, held_grads(self.layerwise, self.distopt), dp_group=g.dp_group,
                         expt_dp_group=g.expt_dp_group, ep_group=g.ep_group,
                         clip_grad=self.cfg.optim.clip_grad, device=self.device)
-        self.grad_stats = st
-        self.last_step_stats = {"grad_norm": float(st.norm), "num_zeros": int(st.num_zeros),
-                                "clip_coef": None if st.clip_coef is None else float(st.clip_coef)}
+        self.last_grad_stats = st
+        self.last_step_stats.update(grad_norm=float(st.norm), num_zeros=int(st.num_zeros),
+                                    clip_coef=None if st.clip_coef is None else float(st.clip_coef))
 
     # -- captured tensors ------------------------------------------------------------------
     def main_grads(self) -> dict:
@@ -238,7 +239,7 @@ class Stack:
     def optimizer_state(self) -> dict:
         out = dict(self.layerwise.state_tensors())
         out.update(self.distopt.state_tensors())
-        st = self.grad_stats
+        st = self.last_grad_stats
         if st is not None:  # compared every step, recorded in goldens with the optimizer phase
             out.update({"grad_norm": st.norm, "num_zeros": st.num_zeros})
             if st.clip_coef is not None:
