@@ -45,7 +45,7 @@ def _rank(ctx, fp8: bool) -> dict:
     for step in range(2):
         stack.step(step, on_phase)
         out["steps"][-1].update(norm=stack.last_grad_stats.norm.clone(),
-                                  zeros=int(stack.last_grad_stats.num_zeros)))
+                                zeros=int(stack.last_grad_stats.num_zeros))
     return out
 
 
