@@ -67,3 +67,7 @@ class Fault(StrEnum):
     GATHER_PAYLOAD_NOT_ZEROED = "gather-payload-not-zeroed"
     STAGING_NOT_PERSISTED = "staging-not-persisted"
     ROUTING_PREDICATE_MISMATCH = "routing-predicate-mismatch"
+    UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE = "uint8-distopt-buffer-next-to-layerwise"
+    DISTOPT_FP8_NOT_REQUANTIZED = "distopt-fp8-not-requantized"
+    GRAD_NORM_DOUBLE_COUNTS_REPLICATED = "grad-norm-double-counts-replicated"
+    GRAD_NORM_COUNTS_UNREDUCED_SHARD = "grad-norm-counts-unreduced-shard"

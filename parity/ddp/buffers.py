@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from parity.ddp.layout import BufferKey, Layout
 from parity.model import is_quantized_param
+from parity.vocab import Fault
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,10 @@ class Bucket:
 
 class ParamAndGradBuffer:
     """One buffer: fp32 grad storage (``main_grad`` views) and, for DistOpt buffers, the flat
-    bf16 param storage the params are views of."""
+    param storage the params are views of: bf16 values, or for a ``uint8`` buffer the rowwise FP8
+    bytes of its FP8 params (their ``qt.rowwise_data`` is remapped into it, docs/spec/megatron.md
+    s2.3). A ``uint8`` buffer is never all-gathered as bytes: its params are requantized from the
+    gathered bf16 masters (parity.optim.distopt)."""
 
     def __init__(self, key: BufferKey, params: list, layout: Layout, config: BufferConfig,
                  group, device):
@@ -51,13 +55,20 @@ class ParamAndGradBuffer:
         if config.use_distributed_optimizer:
             if layout.numel % self.dp:
                 raise AssertionError(f"DistOpt buffer numel {layout.numel} not divisible by dp {self.dp}")
-            if any(is_quantized_param(p) for p in params):
-                raise NotImplementedError("FP8 params in a DistOpt buffer are not modelled")
+            if any(is_quantized_param(p) != (key.param_dtype == torch.uint8) for p in params):
+                raise AssertionError("a DistOpt buffer holds FP8 params only if it is keyed uint8")
             self.param_data = torch.zeros(layout.numel, dtype=key.param_dtype, device=device)
         for p in params:
             start, end, _ = layout.index[p]
             p.main_grad = self.grad_data[start:end].view(p.shape)
-            if self.param_data is not None:
+            if self.param_data is None:
+                continue
+            if is_quantized_param(p):
+                rows = p.qt.rowwise_data
+                view = self.param_data[start:end].view(rows.dtype).view(rows.shape)
+                view.copy_(rows)
+                p.qt.rowwise_data = view
+            else:
                 view = self.param_data[start:end].view(p.shape)
                 view.copy_(p.data)
                 p.data = view
@@ -69,6 +80,9 @@ class ParamAndGradBuffer:
 
     def gather_param_data(self) -> None:
         """All-gather every bucket's flat param storage from its dp shards (DistOpt sync)."""
+        if self.key.param_dtype == torch.uint8:
+            raise AssertionError("a uint8 DistOpt buffer is synced by requantizing gathered bf16 "
+                                 "masters, not by gathering FP8 bytes")
         if self.dp == 1:
             return
         r = dist.get_rank(self.group)
@@ -158,12 +172,15 @@ class BucketGroup:
 
 
 def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool = False,
-                      check_agreement: bool = True) -> list[BucketGroup]:
-    """One group per bucket; ``single_group`` merges all buckets (split by DistOpt semantics
-    unless the agreement check is disabled, which the merge fault does)."""
+                      check_agreement: bool = True, faults=frozenset()) -> list[BucketGroup]:
+    """Bucket groups (docs/spec/megatron.md s2.4). Without a ``uint8`` DistOpt buffer: one group
+    per bucket. With one: each FP8 DistOpt bucket is a group and the other DistOpt buckets join
+    the last of them; LayerWise buckets keep one group each, because a group runs one collective
+    type (s5 item 20). ``single_group`` merges all buckets (split by DistOpt semantics unless the
+    agreement check is disabled, which the merge fault does)."""
     buckets = [b for buf in buffers for b in buf.buckets if b.params]
     if not single_group:
-        return [BucketGroup([b]) for b in buckets]
+        return _uint8_groups(buckets, faults)
     if not check_agreement:
         return [BucketGroup(buckets, check_agreement=False)]
     groups = []
@@ -171,4 +188,28 @@ def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool =
         sel = [b for b in buckets if b.buffer.config.use_distributed_optimizer == kind]
         if sel:
             groups.append(BucketGroup(sel))
+    return groups
+
+
+def _uint8_groups(buckets: list[Bucket], faults) -> list[BucketGroup]:
+    def is_fp8(b):
+        return b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
+
+    def joins(b):  # may ride in an FP8 DistOpt bucket's group
+        return b.buffer.config.use_distributed_optimizer
+
+    if Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE in faults:
+        # upstream's rule: any uint8 bucket opens a group and every other bucket joins the last one
+        is_fp8 = lambda b: b.buffer.key.param_dtype == torch.uint8  # noqa: E731
+        joins = lambda b: True  # noqa: E731
+    fp8 = [b for b in buckets if is_fp8(b)]
+    if not fp8:
+        return [BucketGroup([b]) for b in buckets]
+    riders = [b for b in buckets if joins(b) and not is_fp8(b)]
+    groups = []
+    for b in buckets:
+        if b is fp8[-1]:
+            groups.append(BucketGroup([b] + riders))
+        elif is_fp8(b) or not joins(b):
+            groups.append(BucketGroup([b]))
     return groups

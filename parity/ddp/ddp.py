@@ -69,7 +69,7 @@ class DDP:
         for bufs in (self.buffers, self.expert_buffers):
             if bufs:
                 self.bucket_groups += partition_buckets(bufs, single_group=merge,
-                                                        check_agreement=not merge)
+                                                        check_agreement=not merge, faults=self.faults)
         # Gathers run in forward order: the reverse of bucket (backprop) order.
         for later, earlier in zip(self.bucket_groups[1:], self.bucket_groups[:-1]):
             later.next_param_gather_group = earlier
@@ -156,6 +156,9 @@ class DDP:
         return all(not g.param_gather_dispatched for g in self.layer_wise_overlap_groups())
 
     def start_param_sync(self, force_sync: bool = False, group=None):
+        if not self.config.overlap_param_gather:  # s5 item 19: the bucket path is overlap-only
+            raise AssertionError("LayerWise bucket param sync needs overlap_param_gather; without "
+                                 "overlap the optimizer gathers params itself (allgather_params)")
         groups = [group] if group is not None else self.layer_wise_overlap_groups()
         for g in groups:
             if force_sync and g.param_gather_handle is not None:

@@ -36,6 +36,14 @@ CATALOGUE = {
     Fault.STAGING_NOT_PERSISTED: ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
     Fault.ROUTING_PREDICATE_MISMATCH: ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
                                    "LayerWise buffer that no optimizer steps", 21),
+    Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE: ("uint8 DistOpt buffer grouped by upstream's rule: LayerWise "
+                                                   "buckets join the FP8 bucket's reduce-scatter group", 20),
+    Fault.DISTOPT_FP8_NOT_REQUANTIZED: ("FP8 DistOpt params keep their old bytes: the gathered bf16 masters "
+                                        "are never requantized into them", 22),
+    Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED: ("grad norm and zeros count every all-reduced LayerWise grad on "
+                                               "every replica instead of once (its owner)", 23),
+    Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD: ("grad norm and zeros count whole DistOpt main_grads, unreduced "
+                                             "regions outside the rank's shard included", 24),
 }
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),

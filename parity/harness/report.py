@@ -12,6 +12,9 @@ import xml.etree.ElementTree as ET
 from parity.vocab import STEP_PHASES
 
 PHASE_ORDER = {p: i for i, p in enumerate(("init",) + STEP_PHASES)}
+OPTIM_STATS = ("step", "lr", "grad_norm", "grad_norm_b", "num_zeros", "num_zeros_b",
+               "clip_coef", "clip_coef_b")
+"""Per-step optimizer statistics in report.json (``_b``: the reference side)."""
 
 
 def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
@@ -57,6 +60,7 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
         if nonfinite else None,
         "messages": [m for r in results for m in r["messages"]][:30],
         "loss": [{"step": s["step"], "bits": s.get("loss_bits"), "repr": s.get("loss")} for s in steps],
+        "optimizer": [{k: s.get(k) for k in OPTIM_STATS} for s in steps],  # optim (#17)
         "buffers": results[0]["buffers"] if results else [],
         "persistent_bytes": results[0]["persistent_bytes"] if results else {},
         "snapshots": [p for r in results for p in r.get("snapshots", [])],

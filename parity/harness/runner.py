@@ -220,6 +220,8 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
                 caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items() if k in bad}
 
         A.step(step, on_a)
+        # optim (#17): lr, grad norm, zeros and clip coefficient of this step, ON and OFF (_b)
+        step_rec.update(A.last_step_stats, **{f"{k}_b": v for k, v in B.last_step_stats.items()})
         if A.grad_buffer_clean is not None:
             if Fault.ZEROS_VS_ZEROS in harness_faults:
                 # The regressed check: compare A's grad buffers with B's after both were zeroed.

@@ -60,7 +60,19 @@ class Scenario:
     steps: int = 30
     """Training steps."""
     lr: float = 1e-3
-    """Learning rate (large on purpose: amplifies differences)."""
+    """Learning rate (large on purpose: amplifies differences); the peak of a schedule."""
+    lr_decay_style: str = "constant"
+    """LR schedule after the warmup: 'constant' or 'cosine' (down to lr_min)."""
+    lr_warmup_steps: int = 0
+    """Linear warmup steps (step 0 then runs at lr 0, as upstream's scheduler)."""
+    lr_decay_steps: int | None = None
+    """Steps (warmup included) of the cosine decay; None: the scenario's steps."""
+    lr_min: float = 0.0
+    """Floor of the cosine decay."""
+    clip_grad: float = 0.0
+    """Clip grads to this global norm (0: off). Grad norm and zeros are compared either way."""
+    num_distributed_optimizer_instances: int = 1
+    """DistOpt instances; the LayerWise split allows only 1 (rejected otherwise, as upstream)."""
     seed: int = 1234
     """Seed of init and data."""
     bucket_size: int | None = 4096
@@ -82,7 +94,7 @@ class Scenario:
     def stack_configs(self, faults=frozenset()) -> tuple[StackConfig, StackConfig]:
         """(A, B) = the knob ON and OFF. Faults apply to A (the stack under test) only."""
         model = self.model_config()
-        optim = OptimConfig(lr=self.lr)
+        optim = self.optim_config()
 
         def make(fp8: bool, overlap: bool, force_sync: bool, f) -> StackConfig:
             ddp = DDPConfig(bucket_size=self.bucket_size, overlap_grad_reduce=overlap,
@@ -99,6 +111,12 @@ class Scenario:
         return (make(self.fp8_param_gather, True, True, faults),
                 make(self.fp8_param_gather, True, False, ()))
 
+    def optim_config(self) -> OptimConfig:
+        return OptimConfig(lr=self.lr, clip_grad=self.clip_grad, lr_decay_style=self.lr_decay_style,
+                           lr_warmup_steps=self.lr_warmup_steps, lr_min=self.lr_min,
+                           lr_decay_steps=self.steps if self.lr_decay_steps is None else self.lr_decay_steps,
+                           num_distributed_optimizer_instances=self.num_distributed_optimizer_instances)
+
     def fingerprint(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("source")
@@ -113,7 +131,9 @@ class Scenario:
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "overlap": bool,
          "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "lr": float,
-         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict}
+         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
+         "lr_decay_style": str, "lr_warmup_steps": int, "lr_decay_steps": (int, type(None)),
+         "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int}
 
 
 def _err(src, key, msg):
@@ -181,6 +201,13 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
         raise _err(src, "model", str(e).replace("model: ", "")) from None
     if s.moe and model.num_experts % s.ep:
         raise _err(src, "ep", f"ep={s.ep} must divide model.num_experts={model.num_experts}")
+    try:
+        s.optim_config()
+    except ValueError as e:
+        key = re.match(r"optim\.(\w+)", str(e))
+        raise _err(src, key.group(1) if key else "lr", str(e)) from None
+    if model.fp8_head and s.pair == "fp8_param_gather":
+        _check_head_bucket(s, model, src)
     if s.recipe == "mxfp8":
         bad = sorted({d for d in model.matrix_dims() if d % 32})
         if bad:
@@ -191,6 +218,17 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
     except ValueError as e:
         raise _err(src, "pair", str(e)) from None
     return s
+
+
+def _check_head_bucket(s: Scenario, model: ModelConfig, src) -> None:
+    """ON keeps the FP8 output projection in a uint8 DistOpt buffer of its own; OFF keeps it in the
+    bf16 sibling buffer. The two sides reduce-scatter and shard the same values only if the head
+    (and any sibling matrix laid out before it) closes a DistOpt bucket by itself in OFF too."""
+    sizes = [model.vocab_size * model.hidden] + ([model.hidden * model.hidden] if model.adam_matrix else [])
+    if s.bucket_size is None or s.bucket_size > min(sizes):
+        raise _err(src, "bucket_size", f"model.fp8_head needs bucket_size <= {min(sizes)} so the output "
+                   f"projection has a DistOpt bucket of its own ON and OFF; otherwise ON's uint8 buffer "
+                   f"splits the sibling reduce-scatter into other shards than OFF's bf16 buffer")
 
 
 def load_file(path) -> list[Scenario]:

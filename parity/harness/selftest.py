@@ -20,6 +20,8 @@ SCENARIOS = {
     "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
     "w1-moe": dict(world=1, moe=True),
     "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
+    "w2-fp8-head": dict(world=2, model={"fp8_head": True}),
+    "w4-moe-clip": dict(world=4, moe=True, ep=2, clip_grad=1.0),
 }
 
 
@@ -63,6 +65,14 @@ CASES = {
     "gather-payload-not-zeroed": ("w4-overlap-pair", Expect("mismatch", phase="grad_reduce", step=1)),
     "staging-not-persisted": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
     "routing-predicate-mismatch": ("w2-adam-matrix", Expect("check", check="optimizer-coverage", step=-1)),
+    "uint8-distopt-buffer-next-to-layerwise": ("w2-fp8-head", Expect(
+        "error", error="Cannot merge buckets with differing effective use_distributed_optimizer")),
+    "distopt-fp8-not-requantized": ("w2-fp8-head", Expect("mismatch", phase="param_sync", step=0,
+                                                          tensor="head.weight.fp8")),
+    "grad-norm-double-counts-replicated": ("w4-moe-clip", Expect("mismatch", phase="optimizer", step=0,
+                                                                 tensor="clip_coef")),
+    "grad-norm-counts-unreduced-shard": ("w4-dense", Expect("mismatch", phase="optimizer", step=0,
+                                                            tensor="grad_norm")),
 }
 
 

@@ -40,6 +40,10 @@ class ModelConfig:
     adam_matrix: bool = False
     """Add a 2-D matrix excluded from Muon (``use_muon = False``, like Mamba's in_proj), trained by
     Adam: the case where buffer routing and optimizer routing could disagree."""
+    fp8_head: bool = False
+    """Make the output projection an FP8 linear. It stays an Adam (DistOpt) param, so with fp8 param
+    gather ON it is an FP8 param in a ``uint8`` DistOpt buffer next to the LayerWise buckets
+    (docs/spec/megatron.md s5 item 20); OFF quantizes its bf16 weight on the fly."""
 
     def __post_init__(self):
         def need(cond, msg):
@@ -68,4 +72,6 @@ class ModelConfig:
         dims = [self.hidden, 3 * self.hidden, 2 * self.ffn_hidden, self.ffn_hidden]
         if self.moe:
             dims += [2 * self.moe_ffn_hidden, self.moe_ffn_hidden]
+        if self.fp8_head:
+            dims.append(self.vocab_size)
         return dims

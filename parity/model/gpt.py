@@ -2,7 +2,7 @@
 
 | parameter | kind | optimizer | storage with fp8 param gather ON |
 |---|---|---|---|
-| embed.weight, head.weight | embedding / output | Adam (DistOpt) | bf16 |
+| embed.weight, head.weight | embedding / output | Adam (DistOpt) | bf16 (head: FP8 with fp8_head) |
 | *.norm*.weight | 1-D | Adam (DistOpt) | bf16 |
 | ape | 2-D, keep_in_fp32 | Muon (native fp32 gather) | fp32 |
 | attn.qkv / attn.proj / mlp.fc1 / mlp.fc2 | 2-D | Muon | FP8 |
@@ -113,9 +113,12 @@ class GPT(nn.Module):
             layers.append(Block(RMSNorm(H, device), attn, RMSNorm(H, device), mlp))
         self.layers = nn.ModuleList(layers)
         self.final_norm = RMSNorm(H, device)
-        self.head = nn.Linear(H, cfg.vocab_size, bias=False)
-        self.head.weight = nn.Parameter(
-            init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
+        if cfg.fp8_head:  # an FP8 matrix Adam steps: the DistOpt sibling holds FP8 params
+            self.head = lin("head.weight", cfg.vocab_size, H)
+        else:
+            self.head = nn.Linear(H, cfg.vocab_size, bias=False)
+            self.head.weight = nn.Parameter(
+                init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
         self.embed.weight.is_embedding_or_output = True
         self.head.weight.is_embedding_or_output = True
         self.mix = None

@@ -1,25 +1,43 @@
 """DistributedOptimizer: byte-range shards of DistOpt buffers, fp32 master shards, Adam on
-shards, all-gather of the param buffer (the sibling params' path, docs/spec/megatron.md s1.2)."""
+shards, all-gather of the param buffer (the sibling params' path, docs/spec/megatron.md s1.2).
+
+FP8 params (a ``uint8`` buffer, e.g. an FP8 output projection, s2.16) take the route the LayerWise
+FP8 gather takes (s2.9, s2.12): each rank's shard master is cast to bf16 and all-gathered, and every
+rank requantizes the whole param from the gathered bf16 values, so every rank holds
+``Q(bf16(master))``: what OFF's forward quantizes from its bf16 weight.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from parity.model import is_quantized_param
 from parity.optim.adam import Adam
+from parity.vocab import Fault
 
 
 class ShardPiece:
     """The part of one param that lies in this rank's shard of its bucket."""
 
-    def __init__(self, param, name, buf, lo, hi):
+    def __init__(self, param, name, buf, lo, hi, faults=frozenset()):
         self.param, self.name, self.buf, self.lo, self.hi = param, name, buf, lo, hi
-        self.master = buf.param_data[lo:hi].to(torch.float32, copy=True)
         self.grad = buf.grad_data[lo:hi]
+        if is_quantized_param(param):
+            # Seed from the preserved high-precision init, as the LayerWise masters are (s2.7):
+            # ON's FP8 bytes dequantize to Q(init), not to the init OFF's master starts from.
+            ps = buf.layout.index[param][0]
+            hp = param.get_high_precision_init_val()
+            if Fault.MASTER_FROM_FP8_DEQUANT in faults or hp is None:
+                hp = param.qt.dequantize(torch.float32)
+            self.master = hp.reshape(-1)[lo - ps:hi - ps].to(buf.grad_data.device, torch.float32, copy=True)
+        else:
+            self.master = buf.param_data[lo:hi].to(torch.float32, copy=True)
 
 
 class DistributedOptimizer:
-    def __init__(self, buffers, names: dict, adam_kwargs: dict, make_optimizer=None):
+    def __init__(self, buffers, names: dict, adam_kwargs: dict, make_optimizer=None, faults=frozenset()):
+        self.faults = frozenset(faults)
         self.buffers = [b for b in buffers if b.config.use_distributed_optimizer and not b.key.is_layer_wise]
         self.pieces: list[ShardPiece] = []
         for buf in self.buffers:
@@ -31,8 +49,13 @@ class DistributedOptimizer:
                     ps, pe, _ = buf.layout.index[p]
                     lo, hi = max(ps, s0), min(pe, s1)
                     if lo < hi:
-                        piece = ShardPiece(p, f"{names[p]}[{lo - ps}:{hi - ps}]", buf, lo, hi)
+                        piece = ShardPiece(p, f"{names[p]}[{lo - ps}:{hi - ps}]", buf, lo, hi, self.faults)
                         self.pieces.append(piece)
+        # Every rank drops the init copies once the shard masters exist, owner of a piece or not.
+        for buf in self.buffers:
+            for p in buf.params:
+                if is_quantized_param(p):
+                    p.clear_high_precision_init_val()
         masters = [pc.master for pc in self.pieces]
         self.optimizer = (make_optimizer or (lambda ms: Adam(ms, **adam_kwargs)))(masters) if masters else None
 
@@ -42,12 +65,39 @@ class DistributedOptimizer:
         if self.optimizer is not None:
             self.optimizer.step()
         for pc in self.pieces:
-            pc.buf.param_data[pc.lo:pc.hi].copy_(pc.master)
+            if not is_quantized_param(pc.param):  # FP8 pieces travel as bf16 in gather()
+                pc.buf.param_data[pc.lo:pc.hi].copy_(pc.master)
             pc.master.grad = None
 
     def gather(self):
         for buf in self.buffers:
-            buf.gather_param_data()
+            if buf.key.param_dtype == torch.uint8:
+                self._gather_fp8(buf)
+            else:
+                buf.gather_param_data()
+
+    def _gather_fp8(self, buf):
+        """All-gather bf16(master) shards of every bucket, then requantize each FP8 param from its
+        gathered bf16 values (every rank, own shard included)."""
+        r = dist.get_rank(buf.group) if buf.dp > 1 else 0
+        mine = [pc for pc in self.pieces if pc.buf is buf]
+        for b in buf.buckets:
+            shard = b.numel // buf.dp
+            s0 = b.start + r * shard
+            send = torch.zeros(shard, dtype=torch.bfloat16, device=buf.grad_data.device)
+            for pc in mine:
+                if b.start <= pc.lo < b.end:
+                    send[pc.lo - s0:pc.hi - s0].copy_(pc.master)
+            full = send
+            if buf.dp > 1:
+                full = torch.empty(b.numel, dtype=torch.bfloat16, device=send.device)
+                dist.all_gather_into_tensor(full, send, group=buf.group)
+            if Fault.DISTOPT_FP8_NOT_REQUANTIZED in self.faults:
+                continue  # the gathered values never reach the FP8 bytes
+            for p in b.params:
+                ps, pe, _ = buf.layout.index[p]
+                p.qt.requantize_(full[ps - b.start:pe - b.start].view(p.shape))
+                p.qt.post_all_gather_processing()
 
     def state_tensors(self) -> dict:
         out = {}

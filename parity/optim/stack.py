@@ -15,8 +15,10 @@ from parity.ddp.ddp import DDP, DDPConfig
 from parity.model import GPT, ModelConfig, is_quantized_param
 from parity.model.data import batch
 from parity.model.fp8_linear import FP8Linear
+from parity.optim.clip import counted_grads, grad_stats, held_grads
 from parity.optim.distopt import DistributedOptimizer
 from parity.optim.layerwise import LayerWiseOptimizer
+from parity.optim.schedule import DECAY_STYLES, lr_at
 from parity.vocab import Fault
 
 FP8_PARTS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
@@ -47,15 +49,47 @@ class OptimConfig:
     adam_eps: float = 1e-8
     """Adam epsilon."""
     clip_grad: float = 0.0
-    """Gradient clipping (0: off; bit-exactness is established at clip 0)."""
+    """Clip the grads to this global L2 norm (0: off; the norm and zeros are computed anyway)."""
+    lr_decay_style: str = "constant"
+    """'constant' (lr every step) or 'cosine' (from lr down to lr_min over lr_decay_steps)."""
+    lr_warmup_steps: int = 0
+    """Linear warmup from 0 to lr over this many steps (step 0 runs at lr 0 when > 0)."""
+    lr_decay_steps: int | None = None
+    """Steps, warmup included, after which the cosine reaches lr_min (needed for 'cosine')."""
+    lr_min: float = 0.0
+    """Floor of the cosine decay."""
+    num_distributed_optimizer_instances: int = 1
+    """DistOpt instances over the DP group; the LayerWise split allows only 1 (s5 item 15)."""
 
     def __post_init__(self):
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if self.muon_coefficients not in ("quintic", "simple"):
             raise ValueError(f"optim.muon_coefficients must be 'quintic' or 'simple', got {self.muon_coefficients!r}")
-        if self.clip_grad != 0.0:
-            raise ValueError("optim.clip_grad other than 0 is not supported (bit-exactness holds at clip 0)")
+        if not self.clip_grad >= 0:
+            raise ValueError(f"optim.clip_grad must be >= 0 (0: off), got {self.clip_grad}")
+        if self.lr_decay_style not in DECAY_STYLES:
+            raise ValueError(f"optim.lr_decay_style must be one of {DECAY_STYLES}, "
+                             f"got {self.lr_decay_style!r}")
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"optim.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
+        if not 0 <= self.lr_min <= self.lr:
+            raise ValueError(f"optim.lr_min must be in [0, lr={self.lr}], got {self.lr_min}")
+        if self.lr_decay_style == "cosine" and (self.lr_decay_steps is None
+                                               or self.lr_decay_steps <= self.lr_warmup_steps):
+            raise ValueError(f"optim.lr_decay_steps must be > lr_warmup_steps ({self.lr_warmup_steps}) "
+                             f"for the cosine schedule, got {self.lr_decay_steps}")
+        if self.num_distributed_optimizer_instances != 1:
+            raise ValueError(
+                f"optim.num_distributed_optimizer_instances={self.num_distributed_optimizer_instances}: the "
+                f"LayerWise optimizer needs exactly 1 (as upstream's validation): it all-reduces Muon grads "
+                f"and assigns owners over the whole DP group, while several DistOpt instances would "
+                f"reduce grads within one instance only (docs/spec/megatron.md s5 item 15)")
+
+    def lr_at(self, step: int) -> float:
+        """The lr of training step ``step`` (parity.optim.schedule)."""
+        return lr_at(step, lr=self.lr, lr_min=self.lr_min, warmup_steps=self.lr_warmup_steps,
+                     decay_steps=self.lr_decay_steps, decay_style=self.lr_decay_style)
 
     def muon_kwargs(self) -> dict:
         return dict(lr=self.lr, momentum=self.muon_momentum, nesterov=self.muon_nesterov,
@@ -119,7 +153,11 @@ class Stack:
         self.layerwise = LayerWiseOptimizer(self.ddp, dp_group=groups.dp_group,
                                      expt_dp_group=groups.expt_dp_group,
                                      muon_kwargs=cfg.optim.muon_kwargs(), device=device, faults=faults)
-        self.distopt = DistributedOptimizer(self.ddp.all_buffers(), self.names, cfg.optim.adam_kwargs())
+        self.distopt = DistributedOptimizer(self.ddp.all_buffers(), self.names, cfg.optim.adam_kwargs(),
+                                            faults=faults)
+        self.definition_order = {p: i for i, p in enumerate(self.params)}
+        self.last_grad_stats = None  # this step's GradStats (set after the grad reduce)
+        self.last_step_stats = {}    # lr and the grad stats as plain numbers, for the step report
         self.fp8_linears = {m.weight: m for m in self.model.modules() if isinstance(m, FP8Linear)}
         self.overlap = self.ddp.config.overlap_param_gather
         self.grad_buffer_clean = None  # set after each forced sync: LayerWise grad_data all zero?
@@ -141,6 +179,8 @@ class Stack:
             on_phase("grad_local", self.main_grads())
         ddp.finish_grad_sync()
         on_phase("grad_reduce", self.main_grads())
+        self.clip_grads()
+        self.set_lr(step)
         self.layerwise.step()
         self.distopt.step()
         on_phase("optimizer", self.optimizer_state())
@@ -172,6 +212,26 @@ class Stack:
         if Fault.NO_REARM_AFTER_FORCE_SYNC not in self.cfg.faults:
             ddp.reset_param_sync_dispatch_state()
 
+    def set_lr(self, step: int) -> None:
+        """Both optimizers take this step's lr from the schedule (docs/spec/megatron.md s2.15)."""
+        lr = self.cfg.optim.lr_at(step)
+        for opt in (self.layerwise.muon, self.distopt.optimizer):
+            for group in opt.param_groups if opt is not None else ():
+                group["lr"] = lr
+        self.last_step_stats["lr"] = lr
+
+    def clip_grads(self) -> None:
+        """Grad norm, clipping and zeros over the reduced grads, before the optimizers step
+        (docs/spec/megatron.md s1.3 step 5, s2.14)."""
+        g = self.groups
+        counted = counted_grads(self.layerwise, self.distopt, self.definition_order, self.cfg.faults)
+        st = grad_stats(counted, held_grads(self.layerwise, self.distopt), dp_group=g.dp_group,
+                        expt_dp_group=g.expt_dp_group, ep_group=g.ep_group,
+                        clip_grad=self.cfg.optim.clip_grad, device=self.device)
+        self.last_grad_stats = st
+        self.last_step_stats.update(grad_norm=float(st.norm), num_zeros=int(st.num_zeros),
+                                    clip_coef=None if st.clip_coef is None else float(st.clip_coef))
+
     # -- captured tensors ------------------------------------------------------------------
     def main_grads(self) -> dict:
         return {self.names[p]: p.main_grad for p in self.params}
@@ -179,6 +239,11 @@ class Stack:
     def optimizer_state(self) -> dict:
         out = dict(self.layerwise.state_tensors())
         out.update(self.distopt.state_tensors())
+        st = self.last_grad_stats
+        if st is not None:  # compared every step, recorded in goldens with the optimizer phase
+            out.update({"grad_norm": st.norm, "num_zeros": st.num_zeros})
+            if st.clip_coef is not None:
+                out["clip_coef"] = st.clip_coef
         return out
 
     def param_tensors(self) -> dict:
