@@ -8,6 +8,8 @@ Two things the raw ``torch.distributed`` calls do not give on every backend:
 - An uneven all-gather ("all-gather-v"). gloo refuses ``all_gather`` with different sizes, so
   :func:`all_gather_uneven` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
   backend does for uneven ``all_gather``. Sizes are known to every rank and are not exchanged.
+  With ``async_op`` it returns one handle over all those broadcasts (:class:`WorkList`), so the
+  caller can overlap the gather with other work as it would a single collective.
 - FP8 data movement. gloo rejects float8 dtypes ("Invalid scalar type"), so the wrappers that only
   move bytes (broadcasts, all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
   arrive unchanged. Reductions on float8 are refused, as they are meaningless.
@@ -24,6 +26,7 @@ import torch.distributed as dist
 
 __all__ = [
     "CompletedWork",
+    "WorkList",
     "all_gather_into",
     "all_gather_object",
     "all_gather_uneven",
@@ -56,6 +59,22 @@ class CompletedWork:
 
     def is_completed(self) -> bool:
         return True
+
+
+class WorkList:
+    """One handle over several ``dist.Work`` handles (the per-root broadcasts of an uneven
+    all-gather): ``wait`` waits for all of them, in issue order."""
+
+    def __init__(self, works: Sequence[Any]):
+        self.works = list(works)
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self.works:
+            w.wait() if timeout is None else w.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
 
 
 def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
@@ -123,7 +142,8 @@ def all_gather_uneven_into(
     send: torch.Tensor,
     sizes: Sequence[int],
     group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+):
     """Uneven all-gather into a preallocated flat buffer.
 
     Group rank ``i``'s elements land in ``out_flat[sum(sizes[:i]) : sum(sizes[:i+1])]``.
@@ -138,9 +158,11 @@ def all_gather_uneven_into(
         send: this rank's 1-D tensor of ``sizes[group_rank]`` elements.
         sizes: element count of every group rank, identical on all ranks (not exchanged).
         group: the process group; None for the default group.
+        async_op: return a handle (:class:`WorkList`) instead of waiting; ``out_flat`` holds
+            the result only after ``handle.wait()``.
 
     Returns:
-        ``out_flat``.
+        ``out_flat``, or with ``async_op`` the handle.
     """
     group = _group(group)
     world, me = _check_uneven_args(send, sizes, group)
@@ -165,7 +187,7 @@ def all_gather_uneven_into(
     mine = out_flat[offsets[me] : offsets[me + 1]]
     _copy_unless_same(mine, send)
     if world == 1:
-        return out_flat
+        return CompletedWork() if async_op else out_flat
 
     out_bytes = _bytes_if_float8(out_flat)
     works = []
@@ -173,10 +195,12 @@ def all_gather_uneven_into(
         if sizes[root] == 0:
             continue
         slot = out_bytes[offsets[root] : offsets[root + 1]]
-        # Issued asynchronously, in the same order on every rank; waited on below.
+        # Issued asynchronously, in the same order on every rank.
         works.append(dist.broadcast(slot, src=dist.get_global_rank(group, root), group=group, async_op=True))
-    for work in works:
-        work.wait()
+    handle = WorkList(works)
+    if async_op:
+        return handle
+    handle.wait()
     return out_flat
 
 
