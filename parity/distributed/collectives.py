@@ -1,4 +1,5 @@
-"""Thin, explicit collective wrappers used by the training stack.
+"""Thin, explicit collective wrappers: every collective the training stack and the runner issue
+goes through one of these.
 
 Every wrapper takes the group explicitly (None means the default group) and is a no-op, or a
 local copy, on a group of one rank, so single-rank runs need no communicator traffic.
@@ -6,12 +7,12 @@ local copy, on a group of one rank, so single-rank runs need no communicator tra
 Two things the raw ``torch.distributed`` calls do not give on every backend:
 
 - An uneven all-gather ("all-gather-v"). gloo refuses ``all_gather`` with different sizes, so
-  :func:`all_gather_uneven` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
+  :func:`all_gather_uneven_into` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
   backend does for uneven ``all_gather``. Sizes are known to every rank and are not exchanged.
   With ``async_op`` it returns one handle over all those broadcasts (:class:`WorkList`), so the
   caller can overlap the gather with other work as it would a single collective.
 - FP8 data movement. gloo rejects float8 dtypes ("Invalid scalar type"), so the wrappers that only
-  move bytes (broadcasts, all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
+  move bytes (all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
   arrive unchanged. Reductions on float8 are refused, as they are meaningless.
 """
 
@@ -29,12 +30,9 @@ __all__ = [
     "WorkList",
     "all_gather_into",
     "all_gather_object",
-    "all_gather_uneven",
     "all_gather_uneven_into",
     "all_reduce_sum",
     "all_to_all_single",
-    "barrier",
-    "broadcast",
     "group_rank",
     "group_size",
     "reduce_scatter_sum",
@@ -204,30 +202,6 @@ def all_gather_uneven_into(
     return out_flat
 
 
-def all_gather_uneven(
-    send: torch.Tensor,
-    sizes: Sequence[int],
-    group: dist.ProcessGroup | None = None,
-) -> list[torch.Tensor]:
-    """Uneven all-gather ("all-gather-v") of 1-D tensors whose sizes every rank already knows.
-
-    See :func:`all_gather_uneven_into` for how it is done.
-
-    Args:
-        send: this rank's 1-D tensor of ``sizes[group_rank]`` elements.
-        sizes: element count of every group rank, identical on all ranks (not exchanged).
-        group: the process group; None for the default group.
-
-    Returns:
-        One tensor per group rank, in group-rank order; this rank's entry holds a copy of
-        ``send``. The tensors are disjoint views of one new flat buffer.
-    """
-    sizes = [operator.index(s) for s in sizes]
-    out = torch.empty(sum(sizes), dtype=send.dtype, device=send.device)
-    all_gather_uneven_into(out, send, sizes, group)
-    return list(torch.split(out, sizes))
-
-
 # ---------------------------------------------------------------------------------------------
 # Even collectives
 # ---------------------------------------------------------------------------------------------
@@ -296,16 +270,6 @@ def all_to_all_single(
     )
 
 
-def broadcast(t: torch.Tensor, group_src: int = 0, group: dist.ProcessGroup | None = None, async_op: bool = False):
-    """In-place broadcast of ``t`` from group rank ``group_src`` (a rank *within* ``group``)."""
-    group = _group(group)
-    if dist.get_world_size(group) == 1:
-        return _done(async_op)
-    return dist.broadcast(
-        _bytes_if_float8(t), src=dist.get_global_rank(group, group_src), group=group, async_op=async_op
-    )
-
-
 def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
     """Gather a picklable object from every group rank; returns the list in group-rank order."""
     world = group_size(group)
@@ -314,9 +278,3 @@ def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj, group=_group(group))
     return out
-
-
-def barrier(group: dist.ProcessGroup | None = None) -> None:
-    """Block until every rank of ``group`` gets here."""
-    if group_size(group) > 1:
-        dist.barrier(group=_group(group))

@@ -137,3 +137,67 @@ def test_stale_fp8_cache_is_caught_on_the_side_that_has_it():
     entry, _ = run(pair, Fault.FP8_CACHE_NOT_REFRESHED.value)
     fd = entry["first_divergence"]
     assert (fd["step"], fd["phase"]) == (0, "param_sync") and ".fp8." in fd["tensor"]
+
+
+def _noop(*args, **kwargs):
+    pass
+
+
+def _async_gather_rank(ctx) -> dict:
+    """One overlapped step on 2 ranks, then one group's gather by hand: launched, in flight,
+    params untouched until the pre-hook's wait + copy-back."""
+    import torch
+
+    from parity.distributed.groups import build_groups
+    from parity.optim.stack import Stack
+
+    s = make_scenario({"name": "t", "world": 2, "overlap": True, "steps": 1})
+    stack = Stack(s.stack_configs()[0], build_groups(1), torch.device("cpu"))
+    stack.step(0, _noop)
+    ddp = stack.ddp
+    # The same group on every rank; an FP8 param of it is written by the gather only (owner too).
+    g, p = next((g, p) for g in ddp.bucket_groups if g.is_layer_wise and g.gathers_params
+                for p in g.params if hasattr(p, "qt"))
+    before = p.qt.rowwise_data.clone()
+    g.start_param_sync()
+    out = {"handle": type(g.param_gather_handle).__name__, "pending": g.param_gather_pending,
+           "untouched_in_flight": torch.equal(p.qt.rowwise_data, before)}
+    ddp.finish_param_sync(g)  # what the pre-hook of the group's first module does
+    out.update(changed=not torch.equal(p.qt.rowwise_data, before), record=list(g.param_gathers),
+               handle_after=g.param_gather_handle, zeroed=all(int(b.grad_data.count_nonzero()) == 0
+                                                               for b in g.buckets))
+    return out
+
+
+@pytest.mark.slow
+def test_param_gather_is_asynchronous_and_finished_by_the_pre_hook():
+    from parity.harness.launch import LaunchConfig, launch
+
+    for r, seen in enumerate(launch(_async_gather_rank, LaunchConfig(world_size=2, start_method="forkserver",
+                                                                      deadline_s=180))):
+        assert seen["handle"] == "WorkList" and seen["pending"], r
+        assert seen["untouched_in_flight"], f"rank {r}: the copy-back ran before the wait"
+        assert seen["changed"] and seen["record"] == ["pre_hook"] and seen["handle_after"] is None, r
+        assert seen["zeroed"], f"rank {r}: the payload stayed in the grad buffer"
+
+
+def test_reductions_launch_on_the_last_microbatch_only(single_rank, monkeypatch):
+    import torch
+
+    from parity.ddp.buffers import BucketGroup
+    from parity.distributed.groups import build_groups
+    from parity.optim.stack import Stack
+
+    s = make_scenario({"name": "t", "world": 1, "overlap": True, "microbatches": 3, "steps": 1})
+    stack = Stack(s.stack_configs()[0], build_groups(1), torch.device("cpu"))
+    launched = []
+    real = BucketGroup.start_grad_sync
+
+    def spy(self, async_op=False):
+        launched.append((async_op, stack.ddp.is_last_microbatch))
+        return real(self, async_op)
+
+    monkeypatch.setattr(BucketGroup, "start_grad_sync", spy)
+    stack.step(0, _noop)
+    # overlapped: every group launched once, asynchronously, during the last microbatch's backward
+    assert launched == [(True, True)] * len(stack.ddp.bucket_groups)
