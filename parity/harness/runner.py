@@ -412,6 +412,7 @@ class LockstepRunner:
         pre-hook, or force_sync), before its params' first use. Read from the groups' own
         records."""
         test = self.test
+        self.ref.closed_windows.clear()  # the reference is not checked
         while test.closed_windows:
             w = test.closed_windows.pop(0)
             want = test.gather_source

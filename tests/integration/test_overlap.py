@@ -70,6 +70,18 @@ def test_wait_on_the_wrong_handle_is_caught():
 
 
 @pytest.mark.slow
+def test_padded_pair_compares_the_pre_hook_gather_with_the_eager_one():
+    """On the padded layout the overlapped side gathers the shard-aligned buffers (DistOpt style)
+    in its pre-hooks, the reference right after the step: a broken pre-hook path fails the pair."""
+    pair = dict(world=2, layout="padded", pair="overlap_param_gather", fp8_param_gather=False)
+    clean, results = run(pair)
+    assert clean["status"] == "pass"
+    assert checks(results, "param-gather-once") and all(c["ok"] for c in checks(results, "param-gather-once"))
+    entry, _ = run(pair, Fault.PREHOOKS_NOT_REGISTERED.value)
+    assert (entry["first_divergence"]["step"], entry["first_divergence"]["phase"]) == (0, "param_sync")
+
+
+@pytest.mark.slow
 def test_cli_overlap_run_exits_1_naming_the_stale_param(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = tmp_path / "o"
