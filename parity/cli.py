@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layout", choices=("compact", "padded"))
     r.add_argument("--pair", choices=("fp8_param_gather", "overlap_param_gather", "force_sync"))
     r.add_argument("--steps", type=_positive_int)
+    r.add_argument("--microbatches", type=_positive_int, help="microbatches per step (gradient accumulation)")
     r.add_argument("--lr", type=_positive_float)
     r.add_argument("--seed", type=int)
     r.add_argument("--bucket-size", type=_positive_int)
@@ -202,6 +203,7 @@ def _apply_overrides(s, args):
     raw = s.to_dict()
     changed = {}
     for flag, key in (("recipe", "recipe"), ("layout", "layout"), ("pair", "pair"), ("steps", "steps"),
+                      ("microbatches", "microbatches"),
                       ("lr", "lr"), ("seed", "seed"), ("bucket_size", "bucket_size"),
                       ("device", "device"), ("overlap", "overlap"), ("moe", "moe"), ("ep", "ep")):
         v = getattr(args, flag, None)

@@ -73,7 +73,7 @@ def main():
 
     on, on_alloc = build(cfg_on)
     off, off_alloc = build(cfg_off)
-    noop = lambda ph, t: None
+    noop = lambda step, ph, t, complete=True: None
     step = [0]
 
     def timed(fn, n):
@@ -110,12 +110,12 @@ def main():
         k = step[0]
         caps = {}
 
-        def capture(ph, t):
-            caps[ph] = {n: v.detach().clone() for n, v in t.items()}
+        def capture(step, ph, t, complete=True):
+            caps.setdefault((step, ph), {}).update({n: v.detach().clone() for n, v in t.items()})
 
-        def cmp(ph, t):
+        def cmp(step, ph, t, complete=True):
             nonlocal ndiff
-            ref = caps[ph]
+            ref = caps[(step, ph)]
             for n, v in t.items():
                 if n in ref and not compare_tensors(ref[n], v, n).equal:
                     ndiff += 1

@@ -7,9 +7,20 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from parity.ddp import param_sync
 from parity.ddp.layout import BufferKey, Layout
+from parity.distributed.collectives import (
+    WorkList,
+    all_gather_into,
+    all_reduce_sum,
+    reduce_scatter_sum,
+)
 from parity.model import is_quantized_param
 from parity.vocab import Fault
+
+# How a landed param gather was finished (each bucket group records one per gather).
+PRE_HOOK = "pre_hook"      # a forward pre-hook waited on it and copied it back
+FORCE_SYNC = "force_sync"  # start_param_sync(force_sync=True) finished it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +43,22 @@ class Bucket:
         self.layerwise_lists = None       # per-rank owned params in this bucket
         self.layerwise_fp8_staged = None  # staging decision, persisted for the copy-back
         self.gather_slots = None          # per-rank views into grad_data used by a pending gather
+        self.gather_send = None           # DistOpt: the send shard of a gather in flight
 
     @property
     def numel(self) -> int:
         return self.end - self.start
+
+    def start_param_data_gather(self):
+        """Launch the all-gather of this DistOpt bucket's flat param storage from its dp shards;
+        returns the handle (the send shard is a copy, kept alive by the handle's owner)."""
+        dp, group = self.buffer.dp, self.buffer.group
+        if dp == 1:
+            return WorkList([])
+        shard = self.numel // dp
+        r = dist.get_rank(group)
+        self.gather_send = self.param_data[r * shard:(r + 1) * shard].clone()
+        return all_gather_into(self.param_data, self.gather_send, group, async_op=True)
 
 
 class ParamAndGradBuffer:
@@ -83,13 +106,9 @@ class ParamAndGradBuffer:
         if self.key.param_dtype == torch.uint8:
             raise AssertionError("a uint8 DistOpt buffer is synced by requantizing gathered bf16 "
                                  "masters, not by gathering FP8 bytes")
-        if self.dp == 1:
-            return
-        r = dist.get_rank(self.group)
         for b in self.buckets:
-            shard = b.numel // self.dp
-            local = b.param_data[r * shard:(r + 1) * shard].clone()
-            dist.all_gather_into_tensor(b.param_data, local, group=self.group)
+            b.start_param_data_gather().wait()
+            b.gather_send = None
 
     def report(self) -> dict:
         lay = self.layout
@@ -107,14 +126,18 @@ def _key_str(k: BufferKey) -> str:
 
 
 class BucketGroup:
-    """Buckets reduced by one collective type: all-reduce (LayerWise) or reduce-scatter (DistOpt)."""
+    """Buckets reduced by one collective type: all-reduce (LayerWise) or reduce-scatter (DistOpt).
 
-    def __init__(self, buckets: list[Bucket], *, check_agreement: bool = True):
+    Under overlap the group also owns its param gather (docs/spec/megatron.md s2.10): launched
+    asynchronously by ``start_param_sync``, finished by ``finish_param_sync`` (wait, copy back,
+    zero the staging area), and recorded in ``param_gathers``."""
+
+    def __init__(self, buckets: list[Bucket], *, check_agreement: bool = True, faults=frozenset()):
         kinds = {b.buffer.config.use_distributed_optimizer for b in buckets}
         if check_agreement and len(kinds) > 1:
             raise AssertionError("Cannot merge buckets with differing effective "
                                  "use_distributed_optimizer into one bucket group")
-        self.buckets = buckets
+        self.buckets, self.faults = buckets, frozenset(faults)
         # The collective of a group is decided by its head bucket; agreement makes that safe.
         self.use_distributed_optimizer = buckets[0].buffer.config.use_distributed_optimizer
         self.group = buckets[0].buffer.group
@@ -125,15 +148,18 @@ class BucketGroup:
         self.grad_handles = None
         self.rs_outputs = None
         self.scaling = 1.0 / self.dp
-        # Deferred (overlapped) LayerWise param gather state.
-        self.param_gather_dispatched = False
-        self.param_gather_handle = None
-        self.next_param_gather_group = None
         self.is_layer_wise = any(b.buffer.key.is_layer_wise for b in buckets)
+        # Overlapped param gather state.
+        self.param_gather_dispatched = False
+        self.param_gather_handle = None    # the gather in flight (waited by finish_param_sync)
+        self.param_gather_pending = False  # a gather was launched and not yet copied back
+        self.next_param_gather_group = None
+        self.param_gathers: list[str] = []  # one entry per landed gather: PRE_HOOK or FORCE_SYNC
 
     def owns(self, p) -> bool:
         return id(p) in self._param_set
 
+    # -- gradients -------------------------------------------------------------------------
     def start_grad_sync(self, async_op: bool = False):
         handles, outs = [], []
         for b in self.buckets:
@@ -143,10 +169,10 @@ class BucketGroup:
             if self.use_distributed_optimizer:
                 shard = b.numel // self.dp
                 out = torch.empty(shard, dtype=b.grad_data.dtype, device=b.grad_data.device)
-                h = dist.reduce_scatter_tensor(out, b.grad_data, group=self.group, async_op=async_op)
+                h = reduce_scatter_sum(out, b.grad_data, self.group, async_op=async_op)
                 outs.append((b, out))
             else:
-                h = dist.all_reduce(b.grad_data, group=self.group, async_op=async_op)
+                h = all_reduce_sum(b.grad_data, self.group, async_op=async_op)
             handles.append(h)
         self.grad_handles, self.rs_outputs = handles, outs
 
@@ -162,13 +188,95 @@ class BucketGroup:
             b.grad_data[r * shard:(r + 1) * shard].copy_(out)
         self.grad_handles, self.rs_outputs = None, None
         self.ready.clear()
-        # Re-arm the deferred param gather for the next forward.
-        self.param_gather_dispatched = False
+        # Re-arm the deferred param gather: the next forward's pre-hooks gather the new values.
+        if Fault.NO_REARM_IN_FINISH_GRAD_SYNC not in self.faults:
+            self.param_gather_dispatched = False
 
     def register_grad_ready(self, p, overlap: bool):
         self.ready.add(id(p))
         if overlap and len(self.ready) == len(self._param_set) and self.grad_handles is None:
             self.start_grad_sync(async_op=True)
+
+    # -- param gather (overlap_param_gather) -----------------------------------------------
+    @property
+    def gathers_params(self) -> bool:
+        """Whether a param sync of this group moves data (dp > 1 and something to gather)."""
+        if self.dp == 1:
+            return False
+        if self.use_distributed_optimizer:
+            return True
+        return any(len(lst) > 0 for b in self.buckets if b.layerwise_lists for lst in b.layerwise_lists)
+
+    def start_param_sync(self) -> None:
+        """Launch this group's param gather asynchronously and mark it dispatched."""
+        if self.param_gather_handle is not None:
+            raise AssertionError("a param gather of this bucket group is already in flight")
+        self.param_gather_dispatched = True
+        if self.dp == 1:
+            return
+        works = []
+        if self.use_distributed_optimizer:
+            works = [b.start_param_data_gather() for b in self.buckets]
+        else:
+            my = dist.get_rank(self.group)
+            for b in self.buckets:
+                if b.layerwise_lists is None:
+                    continue
+                b.layerwise_fp8_staged = param_sync.is_fp8_staged(b.params, self.faults)
+                dtype = param_sync.transport_dtype(b.layerwise_fp8_staged, b.params)
+                # Grads are idle between the optimizer step and the next backward: the grad
+                # buffer is the receive buffer.
+                flat, sizes, work = param_sync.gather_lists(
+                    b.layerwise_lists, self.group, my, b.grad_data.view(dtype), b.layerwise_fp8_staged,
+                    dtype, b.grad_data.device, self.faults, async_op=True)
+                if flat is not None:
+                    b.gather_slots = (flat, sizes)
+                    works.append(work)
+        if works:
+            self.param_gather_handle = WorkList(works)
+            self.param_gather_pending = True
+
+    def wait_param_sync(self) -> None:
+        if self.param_gather_handle is not None:
+            self.param_gather_handle.wait()
+            self.param_gather_handle = None
+
+    def finish_param_sync(self, source: str) -> None:
+        """Wait for the gather, copy it back into the params (LayerWise: every rank's slot is
+        requantized when FP8-staged), zero the grad buffer it was staged in, record it."""
+        self.wait_param_sync()
+        if not self.param_gather_pending:
+            return
+        if not self.use_distributed_optimizer:
+            my = dist.get_rank(self.group)
+            for b in self.buckets:
+                if b.gather_slots is None:
+                    continue
+                flat, sizes = b.gather_slots
+                staged = b.layerwise_fp8_staged
+                if Fault.STAGING_NOT_PERSISTED in self.faults:
+                    staged = not staged
+                param_sync.copy_back_all(b.layerwise_lists, flat, sizes, staged, my)
+                b.gather_slots = None
+                if not _keep_payload(self.faults, source):
+                    b.grad_data.zero_()
+        for b in self.buckets:
+            b.gather_send = None
+        self.param_gather_pending = False
+        self.param_gathers.append(source)
+
+    def drop_param_sync(self) -> None:
+        """Wait for the gather in flight and forget it: no copy-back, no zeroing (the force_sync
+        fault's behaviour)."""
+        self.wait_param_sync()
+        for b in self.buckets:
+            b.gather_slots = b.gather_send = None
+        self.param_gather_pending = False
+
+
+def _keep_payload(faults, source) -> bool:
+    return (Fault.GATHER_PAYLOAD_NOT_ZEROED in faults
+            or (source == FORCE_SYNC and Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED in faults))
 
 
 def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool = False,
@@ -182,12 +290,12 @@ def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool =
     if not single_group:
         return _uint8_groups(buckets, faults)
     if not check_agreement:
-        return [BucketGroup(buckets, check_agreement=False)]
+        return [BucketGroup(buckets, check_agreement=False, faults=faults)]
     groups = []
     for kind in (False, True):
         sel = [b for b in buckets if b.buffer.config.use_distributed_optimizer == kind]
         if sel:
-            groups.append(BucketGroup(sel))
+            groups.append(BucketGroup(sel, faults=faults))
     return groups
 
 
@@ -204,12 +312,12 @@ def _uint8_groups(buckets: list[Bucket], faults) -> list[BucketGroup]:
         joins = lambda b: True  # noqa: E731
     fp8 = [b for b in buckets if is_fp8(b)]
     if not fp8:
-        return [BucketGroup([b]) for b in buckets]
+        return [BucketGroup([b], faults=faults) for b in buckets]
     riders = [b for b in buckets if joins(b) and not is_fp8(b)]
     groups = []
     for b in buckets:
         if b is fp8[-1]:
-            groups.append(BucketGroup([b] + riders))
+            groups.append(BucketGroup([b] + riders, faults=faults))
         elif is_fp8(b) or not joins(b):
-            groups.append(BucketGroup([b]))
+            groups.append(BucketGroup([b], faults=faults))
     return groups

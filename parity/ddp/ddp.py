@@ -1,13 +1,21 @@
-"""The DDP wrapper: buffers, grad hooks, grad reduction and the deferred LayerWise param gather."""
+"""The DDP wrapper: buffers, grad hooks, grad reduction (with no_sync for gradient accumulation)
+and the overlapped param gather done by forward pre-hooks (docs/spec/megatron.md s1.3, s2.10-2.11)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
-from parity.ddp import param_sync
-from parity.ddp.buffers import BufferConfig, ParamAndGradBuffer, partition_buckets
+from parity.ddp.buffers import (
+    FORCE_SYNC,
+    PRE_HOOK,
+    BufferConfig,
+    ParamAndGradBuffer,
+    partition_buckets,
+)
 from parity.ddp.layout import (
     compact_layout,
     distopt_layout,
@@ -29,7 +37,8 @@ class DDPConfig:
     overlap_grad_reduce: bool = False
     """Launch each bucket group's reduction as soon as all its grads are ready."""
     overlap_param_gather: bool = False
-    """Defer the LayerWise param gather to the next forward's pre-hooks (needs overlap_grad_reduce)."""
+    """Defer every bucket group's param gather to the next forward's pre-hooks (needs
+    overlap_grad_reduce)."""
     layout: str = "compact"
     """LayerWise buffers: 'compact' (decoupled, no padding) or 'padded' (shard-aligned DistOpt)."""
     merge_layerwise_fp8_grads: bool = True
@@ -65,16 +74,21 @@ class DDP:
             buf = ParamAndGradBuffer(key, params, lay, cfg, group, device)
             (self.expert_buffers if key.is_expert else self.buffers).append(buf)
         merge = Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS in self.faults
-        self.bucket_groups = []
+        self.bucket_groups, self.chains = [], []
         for bufs in (self.buffers, self.expert_buffers):
-            if bufs:
-                self.bucket_groups += partition_buckets(bufs, single_group=merge,
-                                                        check_agreement=not merge, faults=self.faults)
-        # Gathers run in forward order: the reverse of bucket (backprop) order.
-        for later, earlier in zip(self.bucket_groups[1:], self.bucket_groups[:-1]):
-            later.next_param_gather_group = earlier
+            if not bufs:
+                continue
+            chain = partition_buckets(bufs, single_group=merge, check_agreement=not merge,
+                                      faults=self.faults)
+            # Gathers run in forward order, the reverse of bucket (backprop) order: each group's
+            # pre-hook launches the next group's gather. Dense and expert groups chain apart.
+            for later, earlier in zip(chain[1:], chain[:-1]):
+                later.next_param_gather_group = earlier
+            self.bucket_groups += chain
+            self.chains.append(chain)
         self.group_of = {id(p): g for g in self.bucket_groups for p in g.params}
         self._install_grad_hooks()
+        self.is_last_microbatch = True
         self._pre_hooks = []
         self.pre_hooks_enabled = False
         if config.overlap_param_gather:
@@ -108,7 +122,18 @@ class DDP:
         self._grad_ready(p)
 
     def _grad_ready(self, p):
-        self.group_of[id(p)].register_grad_ready(p, self.config.overlap_grad_reduce)
+        if self.is_last_microbatch:
+            self.group_of[id(p)].register_grad_ready(p, self.config.overlap_grad_reduce)
+
+    @contextmanager
+    def no_sync(self):
+        """Gradient accumulation: grads of the microbatches run inside accumulate in main_grad
+        and launch no reduction; the last microbatch runs outside and triggers them."""
+        self.is_last_microbatch = False
+        try:
+            yield
+        finally:
+            self.is_last_microbatch = True
 
     def start_grad_sync(self):
         for g in self.bucket_groups:
@@ -119,19 +144,37 @@ class DDP:
         for g in self.bucket_groups:
             g.finish_grad_sync()
 
-    # -- deferred LayerWise param gather (docs/spec/megatron.md s2.10-2.11) ----------------------------
+    # -- overlapped param gather (docs/spec/megatron.md s2.10-2.11) ----------------------------
+    def param_gather_groups(self):
+        """Groups whose param gather the forward pre-hooks do under overlap_param_gather: every
+        group (LayerWise all-reduce groups on the compact layout, DistOpt groups otherwise) but
+        those holding FP8 DistOpt params, which are requantized from gathered bf16 masters: an
+        optimizer step a pre-hook cannot do (docs/spec/megatron.md s2.16)."""
+        if not self.config.overlap_param_gather:
+            return []
+        return [g for g in self.bucket_groups if not _holds_fp8_distopt(g)]
+
+    def eager_gather_buckets(self) -> set:
+        """Buckets the optimizer gathers right after its step even under overlap (see above)."""
+        if not self.config.overlap_param_gather:
+            return set()
+        return {b for g in self.bucket_groups if _holds_fp8_distopt(g) for b in g.buckets}
+
     def enable_forward_pre_hook(self):
         if self._pre_hooks:
             return
+        skipped = None
+        if Fault.PREHOOKS_NOT_REGISTERED in self.faults:
+            skipped = self._first_gathered_layer_wise_group()
         for m in self.model.modules():
-            own = [p for p in m.parameters(recurse=False)]
             groups = []
-            for p in own:
+            for p in m.parameters(recurse=False):
                 g = self.group_of.get(id(p))
-                if g is not None and g.is_layer_wise and not g.use_distributed_optimizer and g not in groups:
+                if g is not None and g not in groups and g is not skipped:
                     groups.append(g)
             if groups:
-                self._pre_hooks.append(m.register_forward_pre_hook(self._make_pre_hook(groups)))
+                # Prepended: the params are current before any other pre-hook looks at them.
+                self._pre_hooks.append(m.register_forward_pre_hook(self._make_pre_hook(groups), prepend=True))
         self.pre_hooks_enabled = True
 
     def disable_forward_pre_hook(self, param_sync: bool = True):
@@ -148,79 +191,53 @@ class DDP:
                 self.finish_param_sync(g)
         return hook
 
-    def layer_wise_overlap_groups(self):
-        return [g for g in self.bucket_groups if g.is_layer_wise and not g.use_distributed_optimizer]
+    def _first_gathered_layer_wise_group(self):
+        """The head of the first chain that is a gathered LayerWise group: no other pre-hook
+        launches its gather (the PREHOOKS_NOT_REGISTERED fault drops its hooks)."""
+        for chain in self.chains:
+            if chain[-1].is_layer_wise and chain[-1].dp > 1:
+                return chain[-1]
+        return None
 
-    def armed(self) -> bool:
-        """Every deferred-gather group will gather in the next forward (none left dispatched)."""
-        return all(not g.param_gather_dispatched for g in self.layer_wise_overlap_groups())
-
-    def start_param_sync(self, force_sync: bool = False, group=None):
+    def start_param_sync(self, force_sync: bool = False):
+        """Launch every group's gather (async); with ``force_sync`` finish them all now,
+        including gathers already in flight (the force_sync fix: wait AND copy back)."""
         if not self.config.overlap_param_gather:  # s5 item 19: the bucket path is overlap-only
-            raise AssertionError("LayerWise bucket param sync needs overlap_param_gather; without "
-                                 "overlap the optimizer gathers params itself (allgather_params)")
-        groups = [group] if group is not None else self.layer_wise_overlap_groups()
-        for g in groups:
+            raise AssertionError("bucket param sync needs overlap_param_gather; without overlap "
+                                 "the optimizers gather params themselves")
+        for g in self.param_gather_groups():
             if force_sync and g.param_gather_handle is not None:
-                # A gather is pending: finish it now, or params stay stale and the payload
-                # stays in grad_data (the force_sync fix).
                 if Fault.FORCE_SYNC_STALE in self.faults:
-                    g.param_gather_handle = None  # waited, but no copy-back and no zeroing
-                    for b in g.buckets:
-                        b.gather_slots = None
+                    g.drop_param_sync()  # waited, but no copy-back and no zeroing
                 else:
-                    self._finalize(g)
+                    g.finish_param_sync(FORCE_SYNC)
                 continue
-            self._dispatch(g)
+            g.start_param_sync()
             if force_sync:
-                self._finalize(g)
+                g.finish_param_sync(FORCE_SYNC)
 
     def finish_param_sync(self, g):
+        """A forward pre-hook's work for one group: launch its gather if nobody did, wait on it,
+        launch the next group's gather, then copy this group's payload back."""
         if not g.param_gather_dispatched:
-            self._dispatch(g)
+            g.start_param_sync()
+        if g.param_gather_handle is None:
+            return  # landed already (or nothing to gather)
+        g.wait_param_sync()
         nxt = g.next_param_gather_group
         if nxt is not None and not nxt.param_gather_dispatched:
-            self._dispatch(nxt)
-        if g.param_gather_handle is not None:
-            self._finalize(g)
+            nxt.start_param_sync()
+        if Fault.WAIT_WRONG_HANDLE in self.faults and nxt is not None:
+            g = nxt  # the copy-back reads the gather this hook just launched
+        g.finish_param_sync(PRE_HOOK)
 
     def reset_param_sync_dispatch_state(self):
-        for g in self.layer_wise_overlap_groups():
+        for g in self.param_gather_groups():
             if g.param_gather_handle is not None:
                 raise AssertionError("cannot re-arm a bucket group with a gather in flight")
             g.param_gather_dispatched = False
 
-    def _dispatch(self, g):
-        g.param_gather_dispatched = True
-        if g.dp == 1:
-            return
-        my = dist.get_rank(g.group)
-        pending = False
-        for b in g.buckets:
-            if b.layerwise_lists is None:
-                continue
-            b.layerwise_fp8_staged = param_sync.is_fp8_staged(b.params, self.faults)
-            dtype = param_sync.transport_dtype(b.layerwise_fp8_staged, b.params)
-            recv = b.grad_data.view(dtype)
-            flat, sizes = param_sync.gather_lists(b.layerwise_lists, g.group, my, recv,
-                                                  b.layerwise_fp8_staged, dtype, recv.device, self.faults)
-            if flat is not None:
-                b.gather_slots = (flat, sizes)
-                pending = True
-        # gloo collectives here are synchronous; what stays pending is the copy-back.
-        g.param_gather_handle = True if pending else None
 
-    def _finalize(self, g):
-        my = dist.get_rank(g.group) if g.dp > 1 else 0
-        for b in g.buckets:
-            if b.gather_slots is None:
-                continue
-            flat, sizes = b.gather_slots
-            staged = b.layerwise_fp8_staged
-            if Fault.STAGING_NOT_PERSISTED in self.faults:
-                staged = not staged
-            param_sync.copy_back_all(b.layerwise_lists, flat, sizes, staged, my)
-            b.gather_slots = None
-            if Fault.GATHER_PAYLOAD_NOT_ZEROED not in self.faults:
-                b.grad_data.zero_()
-        g.param_gather_handle = None
+def _holds_fp8_distopt(g) -> bool:
+    return any(b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
+               for b in g.buckets)

@@ -70,18 +70,21 @@ def copy_back(params, flat: torch.Tensor, fp8_staged: bool, owned: bool) -> list
 
 
 def gather_lists(lists: list[list], group, my_rank: int, out_flat: torch.Tensor | None,
-                 fp8_staged: bool, dtype: torch.dtype, device, faults=frozenset()):
-    """Uneven all-gather of per-rank owned params. Returns the flat receive buffer and sizes."""
+                 fp8_staged: bool, dtype: torch.dtype, device, faults=frozenset(), async_op: bool = False):
+    """Uneven all-gather of per-rank owned params: (flat receive buffer, sizes, handle). The
+    handle is None unless ``async_op``; then the slots hold the payload only after its wait."""
     sizes = [sum(p.numel() for p in lst) for lst in lists]
     if sum(sizes) == 0:
-        return None, sizes
+        return None, sizes, None
     if out_flat is None:
         out_flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    if out_flat.numel() < sum(sizes):
+        raise AssertionError(f"gather receive buffer holds {out_flat.numel()} elements, needs {sum(sizes)}")
     start = sum(sizes[:my_rank])
     mine = out_flat[start:start + sizes[my_rank]]
     stage(lists[my_rank], mine, fp8_staged, faults)
-    all_gather_uneven_into(out_flat[:sum(sizes)], mine, sizes, group)
-    return out_flat, sizes
+    handle = all_gather_uneven_into(out_flat[:sum(sizes)], mine, sizes, group, async_op=async_op)
+    return out_flat, sizes, (handle if async_op else None)
 
 
 def copy_back_all(lists, flat, sizes, fp8_staged: bool, my_rank: int) -> None:

@@ -9,12 +9,9 @@
 from parity.distributed.collectives import (
     all_gather_into,
     all_gather_object,
-    all_gather_uneven,
     all_gather_uneven_into,
     all_reduce_sum,
     all_to_all_single,
-    barrier,
-    broadcast,
     reduce_scatter_sum,
 )
 from parity.distributed.determinism import (
@@ -31,13 +28,10 @@ __all__ = [
     "ParallelGroups",
     "all_gather_into",
     "all_gather_object",
-    "all_gather_uneven",
     "all_gather_uneven_into",
     "all_reduce_sum",
     "all_to_all_single",
     "apply_determinism",
-    "barrier",
-    "broadcast",
     "build_groups",
     "reduce_scatter_sum",
     "validate_determinism_env",

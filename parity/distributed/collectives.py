@@ -1,4 +1,5 @@
-"""Thin, explicit collective wrappers used by the training stack.
+"""Thin, explicit collective wrappers: every collective the training stack and the runner issue
+goes through one of these.
 
 Every wrapper takes the group explicitly (None means the default group) and is a no-op, or a
 local copy, on a group of one rank, so single-rank runs need no communicator traffic.
@@ -6,10 +7,12 @@ local copy, on a group of one rank, so single-rank runs need no communicator tra
 Two things the raw ``torch.distributed`` calls do not give on every backend:
 
 - An uneven all-gather ("all-gather-v"). gloo refuses ``all_gather`` with different sizes, so
-  :func:`all_gather_uneven` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
+  :func:`all_gather_uneven_into` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
   backend does for uneven ``all_gather``. Sizes are known to every rank and are not exchanged.
+  With ``async_op`` it returns one handle over all those broadcasts (:class:`WorkList`), so the
+  caller can overlap the gather with other work as it would a single collective.
 - FP8 data movement. gloo rejects float8 dtypes ("Invalid scalar type"), so the wrappers that only
-  move bytes (broadcasts, all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
+  move bytes (all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
   arrive unchanged. Reductions on float8 are refused, as they are meaningless.
 """
 
@@ -24,14 +27,12 @@ import torch.distributed as dist
 
 __all__ = [
     "CompletedWork",
+    "WorkList",
     "all_gather_into",
     "all_gather_object",
-    "all_gather_uneven",
     "all_gather_uneven_into",
     "all_reduce_sum",
     "all_to_all_single",
-    "barrier",
-    "broadcast",
     "group_rank",
     "group_size",
     "reduce_scatter_sum",
@@ -56,6 +57,22 @@ class CompletedWork:
 
     def is_completed(self) -> bool:
         return True
+
+
+class WorkList:
+    """One handle over several ``dist.Work`` handles (the per-root broadcasts of an uneven
+    all-gather): ``wait`` waits for all of them, in issue order."""
+
+    def __init__(self, works: Sequence[Any]):
+        self.works = list(works)
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self.works:
+            w.wait() if timeout is None else w.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
 
 
 def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
@@ -123,7 +140,8 @@ def all_gather_uneven_into(
     send: torch.Tensor,
     sizes: Sequence[int],
     group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+):
     """Uneven all-gather into a preallocated flat buffer.
 
     Group rank ``i``'s elements land in ``out_flat[sum(sizes[:i]) : sum(sizes[:i+1])]``.
@@ -138,9 +156,11 @@ def all_gather_uneven_into(
         send: this rank's 1-D tensor of ``sizes[group_rank]`` elements.
         sizes: element count of every group rank, identical on all ranks (not exchanged).
         group: the process group; None for the default group.
+        async_op: return a handle (:class:`WorkList`) instead of waiting; ``out_flat`` holds
+            the result only after ``handle.wait()``.
 
     Returns:
-        ``out_flat``.
+        ``out_flat``, or with ``async_op`` the handle.
     """
     group = _group(group)
     world, me = _check_uneven_args(send, sizes, group)
@@ -165,7 +185,7 @@ def all_gather_uneven_into(
     mine = out_flat[offsets[me] : offsets[me + 1]]
     _copy_unless_same(mine, send)
     if world == 1:
-        return out_flat
+        return CompletedWork() if async_op else out_flat
 
     out_bytes = _bytes_if_float8(out_flat)
     works = []
@@ -173,35 +193,13 @@ def all_gather_uneven_into(
         if sizes[root] == 0:
             continue
         slot = out_bytes[offsets[root] : offsets[root + 1]]
-        # Issued asynchronously, in the same order on every rank; waited on below.
+        # Issued asynchronously, in the same order on every rank.
         works.append(dist.broadcast(slot, src=dist.get_global_rank(group, root), group=group, async_op=True))
-    for work in works:
-        work.wait()
+    handle = WorkList(works)
+    if async_op:
+        return handle
+    handle.wait()
     return out_flat
-
-
-def all_gather_uneven(
-    send: torch.Tensor,
-    sizes: Sequence[int],
-    group: dist.ProcessGroup | None = None,
-) -> list[torch.Tensor]:
-    """Uneven all-gather ("all-gather-v") of 1-D tensors whose sizes every rank already knows.
-
-    See :func:`all_gather_uneven_into` for how it is done.
-
-    Args:
-        send: this rank's 1-D tensor of ``sizes[group_rank]`` elements.
-        sizes: element count of every group rank, identical on all ranks (not exchanged).
-        group: the process group; None for the default group.
-
-    Returns:
-        One tensor per group rank, in group-rank order; this rank's entry holds a copy of
-        ``send``. The tensors are disjoint views of one new flat buffer.
-    """
-    sizes = [operator.index(s) for s in sizes]
-    out = torch.empty(sum(sizes), dtype=send.dtype, device=send.device)
-    all_gather_uneven_into(out, send, sizes, group)
-    return list(torch.split(out, sizes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,16 +270,6 @@ def all_to_all_single(
     )
 
 
-def broadcast(t: torch.Tensor, group_src: int = 0, group: dist.ProcessGroup | None = None, async_op: bool = False):
-    """In-place broadcast of ``t`` from group rank ``group_src`` (a rank *within* ``group``)."""
-    group = _group(group)
-    if dist.get_world_size(group) == 1:
-        return _done(async_op)
-    return dist.broadcast(
-        _bytes_if_float8(t), src=dist.get_global_rank(group, group_src), group=group, async_op=async_op
-    )
-
-
 def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
     """Gather a picklable object from every group rank; returns the list in group-rank order."""
     world = group_size(group)
@@ -290,9 +278,3 @@ def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj, group=_group(group))
     return out
-
-
-def barrier(group: dist.ProcessGroup | None = None) -> None:
-    """Block until every rank of ``group`` gets here."""
-    if group_size(group) > 1:
-        dist.barrier(group=_group(group))

@@ -21,9 +21,9 @@ CATALOGUE = {
     Fault.SPLIT_GRAD_BUFFERS: ("FP8 Muon grads keyed uint8: two all-reduce buffers where OFF has one", 1),
     Fault.NUMEL_ONLY_OWNERSHIP: ("ownership sorted by numel only; ties broken by rank-local insertion order", 2),
     Fault.VACUOUS_PARAM_COMPARE: ("every param classified as quantized, so the param compare sees {} vs {}", 3),
-    Fault.ZEROS_VS_ZEROS: ("grad-buffer check compares zeros with zeros instead of stating the post-condition", 4),
     Fault.SAMPLE_BEFORE_DEFERRED_GATHER: ("params sampled right after step() while the gather is still deferred", 5),
-    Fault.NO_REARM_AFTER_FORCE_SYNC: ("forced sync leaves param_gather_dispatched set; pre-hooks become no-ops", 5),
+    Fault.NO_REARM_IN_FINISH_GRAD_SYNC: ("finish_grad_sync leaves param_gather_dispatched set: the next forward's "
+                                         "pre-hooks do not gather", 5),
     Fault.FORCE_SYNC_STALE: ("force_sync returns without finalizing a pending LayerWise gather", 6),
     Fault.RANK0_EMPTY_SLOT: ("gather helper reads dtype/device from rank 0's (possibly empty) list", 7),
     Fault.FP32_VIA_BF16: ("native fp32 Muon params gathered through the bf16-staged path", 8),
@@ -44,12 +44,24 @@ CATALOGUE = {
                                                "every replica instead of once (its owner)", 23),
     Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD: ("grad norm and zeros count whole DistOpt main_grads, unreduced "
                                              "regions outside the rank's shard included", 24),
+    Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED: ("force_sync's copy-back leaves the payload in grad_data: the next step "
+                                          "zeroes it first, so only the post-condition check sees it (a "
+                                          "zeros-vs-zeros comparison after that zeroing passes)", 4),
+    Fault.PREHOOKS_NOT_REGISTERED: ("the forward pre-hooks of one bucket group are missing: its params are "
+                                    "never gathered under overlap", 5),
+    Fault.WAIT_WRONG_HANDLE: ("a pre-hook waits on and copies back the gather it just launched (the next "
+                              "group's) instead of its own group's", 5),
+    Fault.FP8_CACHE_NOT_REFRESHED: ("a bf16 weight's first-microbatch FP8 cache is not requantized after the "
+                                    "param update: the forward uses the stale FP8 weight", 16),
+    Fault.PAYLOAD_IN_GRAD_DURING_ACCUMULATION: ("the deferred gather is re-armed before every microbatch: later "
+                                                "microbatches gather into (and zero) the grads accumulated so "
+                                                "far", 16),
 }
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
 }
 # Faults in the harness rather than the stack.
-HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE, Fault.ZEROS_VS_ZEROS}
+HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE}
 
 
 @dataclass(frozen=True)

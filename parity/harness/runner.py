@@ -1,9 +1,14 @@
 """The lockstep runner: every rank builds both stacks of a scenario and steps them together.
 
-Per step, side B (the reference: knob OFF) runs first and its phase tensors are cloned; then side A
-(the stack under test: knob ON) runs and, at the end of each of its phases, its LIVE tensors are
-compared bit for bit with B's, on the device they live on. Only summaries leave the rank (plus the
-mismatching tensors, or all, when snapshots ask for them).
+Per step, the `ref` stack (the reference: knob OFF) runs first and its phase tensors are cloned;
+then the `test` stack (the stack under test: knob ON) runs and, as it reports each phase, its LIVE
+tensors are compared bit for bit with ref's, on the device they live on. Only summaries leave the
+rank (plus the mismatching tensors, or all, when snapshots ask for them).
+
+A stack reports phases as ``(step, phase, tensors, complete)``, possibly in parts. Under
+overlap_param_gather the params of step N are reported while step N+1's forward consumes them
+(or by ``Stack.flush`` after the last step), so a step is closed (its replica checks, record and
+snapshot) once both stacks have reported all its phases.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ import hashlib
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
 
+from parity.distributed.collectives import all_gather_object
 from parity.distributed.groups import build_groups
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
@@ -24,10 +30,12 @@ from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
-from parity.vocab import Fault
+from parity.vocab import Fault, Phase, Side
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
+# Snapshot files name the sides by these prefixes (read by triage and diff).
+SNAPSHOT_PREFIX = {Side.TEST: "A", Side.REF: "B"}
 
 
 def _beat(step, phase):
@@ -48,14 +56,71 @@ class RunOptions:
     fail_fast: bool = False
     """Stop at the first divergent step."""
     golden_digests: bool = True
-    """Return per-tensor digests of side A for golden records."""
+    """Return per-tensor digests of the test stack for golden records."""
     progress: bool = True
     """Rank 0 prints 'step k/N' lines."""
 
 
+@dataclass
+class RankResult:
+    """What one rank sends back to the parent (``report.merge_ranks`` reads ``to_dict()``)."""
+
+    rank: int
+    buffers: list
+    """The test stack's DDP buffers (key, params, numel, padding, buckets)."""
+    persistent_bytes: dict
+    """Side -> bytes its Muon matrices persist as weights."""
+    ownership: list
+    """(param, owning DP rank) rows of the test stack's LayerWise ownership."""
+    steps: list = field(default_factory=list)
+    """Per closed step: loss bits of both sides, number of divergences."""
+    divergences: list = field(default_factory=list)
+    compared: int = 0
+    compared_by_phase: dict = field(default_factory=dict)
+    messages: list = field(default_factory=list)
+    golden: dict = field(default_factory=dict)
+    """step -> {"records": {key: (dtype, shape, sha256)}, "loss": LossRecord}."""
+    checks: list = field(default_factory=list)
+    nonfinite: list = field(default_factory=list)
+    first_divergence: dict | None = None
+    snapshots: list = field(default_factory=list)
+    build_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class _PhaseCapture:
+    """One side's tensors of one (step, phase), merged from the parts the stack reported."""
+
+    tensors: dict = field(default_factory=dict)
+    complete: bool = False
+
+
+@dataclass
+class _StepState:
+    """What a step keeps until it closes."""
+
+    record: dict
+    grad_hashes: dict = field(default_factory=dict)
+    ref: dict = field(default_factory=dict)
+    """phase -> _PhaseCapture of the ref stack (clones)."""
+    test: dict = field(default_factory=dict)
+    """phase -> _PhaseCapture of the test stack (live tensors, or clones when compared late)."""
+    compared: dict = field(default_factory=dict)
+    """phase -> keys compared so far."""
+    pending: dict = field(default_factory=dict)
+    """phase -> test tensors (cloned) reported before ref's phase was complete."""
+    snap_test: dict = field(default_factory=dict)
+    """phase -> test tensors copied for the snapshot."""
+    param_hashes: dict = field(default_factory=dict)
+    """sha256 of the test stack's param_sync tensors, taken when that phase completed."""
+
+
 def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) -> None:
-    """Golden records of side A: per phase one digest over all its tensors every step (the
-    manifest stays small), per tensor at the last step; plus the loss as exact bits."""
+    """Golden records of the test stack: per phase one digest over all its tensors every step
+    (the manifest stays small), per tensor at the last step; plus the loss as exact bits."""
     recs = out.setdefault(step, {"records": {}, "loss": None})
     shas = {k: tensor_sha256(v.detach()) for k, v in sorted(live.items())}
     combined = hashlib.sha256("".join(f"{k}={h};" for k, h in shas.items()).encode()).hexdigest()
@@ -95,163 +160,328 @@ def _resolve_param(param, star, phase, live):
 def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch renames of collectives
-    device = torch.device(ctx.device)
-    rank = dist.get_rank()
-    groups = build_groups(scenario.ep)
-    stack_faults = {i.name for i in opts.injections if i.kind == "fault" and i.name not in HARNESS_FAULTS}
-    harness_faults = {i.name for i in opts.injections if i.kind == "fault" and i.name in HARNESS_FAULTS}
-    ulps = [i for i in opts.injections if i.kind == "ulp"]
-    lifecycle = [i for i in opts.injections if i.kind in ("crash", "hang")]
-    cfg_a, cfg_b = scenario.stack_configs(faults=stack_faults)
-    t0 = time.perf_counter()
-    A = Stack(cfg_a, groups, device)
-    B = Stack(cfg_b, groups, device)
-    build_s = time.perf_counter() - t0
-    star = _first_layer_wise_matrix(A)
+    return LockstepRunner(ctx, scenario, opts).run().to_dict()
 
-    res = {"rank": rank, "steps": [], "divergences": [], "compared": 0, "compared_by_phase": {},
-           "messages": [], "golden": {}, "checks": [], "buffers": A.ddp.buffer_report(),
-           "persistent_bytes": {"A": A.persistent_bytes(), "B": B.persistent_bytes()},
-           "ownership": A.layerwise.ownership_table(), "first_divergence": None}
 
-    def record(step, phase, diff):
-        res["compared"] += 1
-        res["compared_by_phase"][phase] = res["compared_by_phase"].get(phase, 0) + 1
-        if diff.equal:
-            return
-        d = diff.to_dict()
-        d.update(step=step, phase=phase, rank=rank)
-        res["divergences"].append(d)
-        if len(res["messages"]) < MAX_MESSAGES:
-            res["messages"].append(diff.message())
+class LockstepRunner:
+    """Both stacks of one scenario on this rank, stepped in lockstep and compared."""
 
-    def check(step, name, ok, msg):
-        res["checks"].append({"step": step, "check": name, "ok": bool(ok), "rank": rank,
-                              "message": "" if ok else msg})
+    def __init__(self, ctx, scenario: Scenario, opts: RunOptions):
+        self.scenario, self.opts = scenario, opts
+        self.device = torch.device(ctx.device)
+        self.rank = dist.get_rank()
+        self.groups = build_groups(scenario.ep)
+        faults = [i.name for i in opts.injections if i.kind == "fault"]
+        self.harness_faults = {f for f in faults if f in HARNESS_FAULTS}
+        self.ulps = [i for i in opts.injections if i.kind == "ulp"]
+        self.lifecycle = [i for i in opts.injections if i.kind in ("crash", "hang")]
+        cfg_test, cfg_ref = scenario.stack_configs(faults={f for f in faults if f not in HARNESS_FAULTS})
+        t0 = time.perf_counter()
+        self.test = Stack(cfg_test, self.groups, self.device)
+        self.ref = Stack(cfg_ref, self.groups, self.device)
+        build_s = time.perf_counter() - t0
+        self.expect_drop = cfg_test.fp8_param_gather and not cfg_ref.fp8_param_gather
+        self.star = _first_layer_wise_matrix(self.test)
+        self.result = RankResult(
+            rank=self.rank, buffers=self.test.ddp.buffer_report(),
+            persistent_bytes={Side.TEST.value: self.test.persistent_bytes(),
+                              Side.REF.value: self.ref.persistent_bytes()},
+            ownership=self.test.layerwise.ownership_table(), build_s=build_s)
+        self.states: dict[int, _StepState] = {}
+        self.pinned_drop = None
+        self.scan_nonfinite = False
+        self.snaps: dict = {}
+        self.stopped = False
+        self.last_beat = None
 
-    # Ownership must be one table on every rank (all-gathered and compared).
-    for expert, group, size in ((False, groups.dp_group, groups.dp), (True, groups.expt_dp_group, groups.expt_dp)):
-        tables = [None] * size
-        dist.all_gather_object(tables, A.layerwise.ownership_table(expert), group=group)
-        check(-1, "ownership-agrees", all(t == tables[0] for t in tables),
-              f"ranks of the {'expert-' if expert else ''}DP group disagree on LayerWise ownership "
-              f"(a param owned by 0 or 2 ranks)")
-    # Every trainable param is stepped by exactly one optimizer: LayerWise (some rank owns it)
-    # or DistOpt (its buffer is sharded over the DP group).
-    lw_names = {n for n, _ in A.layerwise.ownership_table()}
-    do_names = {A.names[p] for b in A.distopt.buffers for p in b.params}
-    orphans = sorted(set(A.names.values()) - lw_names - do_names)
-    twice = sorted(lw_names & do_names)
-    check(-1, "optimizer-coverage", not orphans and not twice,
-          f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
-    # Only owners may keep a high-precision init copy, and only until their master exists.
-    kept = [A.names[p] for p in A.params if getattr(p, "hp_init", None) is not None]
-    check(-1, "init-copies-dropped", not kept,
-          f"{len(kept)} FP8 params still hold a high-precision init copy after optimizer "
-          f"construction (first: {kept[:2]})")
+    # -- the run ---------------------------------------------------------------------------
+    def run(self) -> RankResult:
+        self._construction_checks()
+        self._compare_init()
+        start, steps = 0, self.scenario.steps
+        last = start - 1
+        for step in range(start, steps):
+            self._run_step(step)
+            last = step
+            if self.stopped:
+                break
+        self._flush(last)
+        if self.snaps:
+            self.result.snapshots = _write_snapshots(self.snaps, self.scenario, self.rank, self.opts)
+        return self.result
 
-    # Masters at construction, before any update: ON seeded from the high-precision init must
-    # equal OFF's clone of its bf16 param (a master from the FP8 dequant fails here).
-    ma = {k: v for k, v in A.optimizer_state().items() if k.endswith(".master")}
-    mb = {k: v for k, v in B.optimizer_state().items() if k.endswith(".master")}
-    compare_maps(-1, "init", mb, ma, rank, record, check)
-
-    pinned_drop = None
-    snaps = {}
-    scan_nonfinite = [False]
-    params_a = [None]
-    res["nonfinite"] = []
-    for step in range(scenario.steps):
+    def _run_step(self, step: int) -> None:
         _beat(step, "start")
-        for inj in lifecycle:
-            if inj.rank == rank and inj.step == step:
+        for inj in self.lifecycle:
+            if inj.rank == self.rank and inj.step == step:
                 if inj.kind == "crash":
                     os._exit(17)
                 while True:
                     time.sleep(3600)
-        if opts.progress and rank == 0:
-            print(f"[parity] {scenario.name}: step {step + 1}/{scenario.steps}", flush=True)
-        caps_b: dict = {}
-        B.step(step, lambda ph, t: caps_b.__setitem__(ph, {k: v.detach().clone() for k, v in t.items()}))
-        if A.overlap and step > 0:
-            check(step, "deferred-gather-armed", A.ddp.armed() and B.ddp.armed(),
-                  f"step {step}: a deferred param gather was not re-armed before the forward "
-                  f"(param_gather_dispatched left set: pre-hooks would not gather)")
-        caps_a: dict = {}
-        step_rec = {"step": step}
+        if self.opts.progress and self.rank == 0:
+            print(f"[parity] {self.scenario.name}: step {step + 1}/{self.scenario.steps}", flush=True)
+        self.states[step] = _StepState(record={"step": step})
+        self.ref.step(step, self._on_ref)
+        self.test.step(step, self._on_test)
+        # lr, grad norm, zeros and clip coefficient of this step, test and ref (_b)
+        self.states[step].record.update(self.test.last_step_stats,
+                                        **{f"{k}_b": v for k, v in self.ref.last_step_stats.items()})
+        self._after_test_step(step)
+        self._close_ready_steps()
 
-        def on_a(phase, live):
-            nonlocal pinned_drop
+    def _flush(self, last: int) -> None:
+        """Both stacks report what is still open (under overlap: the last step's params)."""
+        self.ref.flush(self._on_ref)
+        self.test.flush(self._on_test)
+        self._gather_checks()
+        self._close_ready_steps(final=True)
+
+    # -- phase reports ---------------------------------------------------------------------
+    def _state(self, step: int) -> _StepState:
+        return self.states.setdefault(step, _StepState(record={"step": step}))
+
+    def _on_ref(self, step, phase, tensors, complete=True) -> None:
+        phase = str(phase)
+        st = self._state(step)
+        cap = st.ref.setdefault(phase, _PhaseCapture())
+        cap.tensors.update({k: v.detach().clone() for k, v in tensors.items()})
+        if complete:
+            cap.complete = True
+            pending = st.pending.pop(phase, None)
+            if pending is not None:  # test reported this phase first: compare it now
+                self._compare(step, phase, pending)
+                if st.test.get(phase, _PhaseCapture()).complete:
+                    self._complete_phase(step, phase)
+
+    def _on_test(self, step, phase, live, complete=True) -> None:
+        phase = str(phase)
+        if step >= 0 and self.last_beat != (step, phase):
+            self.last_beat = (step, phase)
             _beat(step, phase)
-            for inj in ulps:
-                if inj.step == step and inj.phase == phase:
-                    name = _resolve_param(inj.param, star, phase, live)
-                    if name not in live:
-                        raise KeyError(f"--inject: no tensor {name!r} in phase {phase}")
+        st = self._state(step)
+        for inj in self.ulps:
+            if inj.step == step and inj.phase == phase:
+                name = _resolve_param(inj.param, self.star, phase, live)
+                if name in live:
                     bump_one_ulp(live[name])
-            ref = caps_b[phase]
-            cur = live
-            if phase == "param_sync":
-                cur, ref, pinned_drop = _param_keys(live, ref, pinned_drop, step, harness_faults, check,
-                                                    cfg_a.fp8_param_gather and not cfg_b.fp8_param_gather)
-            if phase == "forward":
-                step_rec["loss_bits"] = loss_bits(live["loss"])
-                step_rec["loss"] = repr(float(live["loss"]))
-                step_rec["loss_b_bits"] = loss_bits(ref["loss"])
-            if phase == "forward" and not bool(torch.isfinite(live["loss"]).all()):
-                scan_nonfinite[0] = True  # from here on, say where NaN/Inf sit (cheap until then)
-            if scan_nonfinite[0] and len(res["nonfinite"]) < 50:
-                for k, v in live.items():
-                    if v.is_floating_point() and not bool(torch.isfinite(v).all()):
-                        res["nonfinite"].append({"step": step, "phase": phase, "tensor": k, "side": "ON",
-                                                 "nan": int(torch.isnan(v).sum()),
-                                                 "inf": int(torch.isinf(v).sum())})
-            n_before = len(res["divergences"])
-            compare_maps(step, phase, ref, cur, rank, record, check)
-            if opts.golden_digests:
-                _golden_records(res["golden"], step, phase, live, last=step == scenario.steps - 1)
-            if phase == "param_sync":
-                params_a[0] = live  # the replica check hashes these: no second param_tensors()
-            if opts.snapshot == "all":
-                caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
-            elif opts.snapshot == "divergent" and len(res["divergences"]) > n_before:
-                # Copy the differing tensors now: later phases update A's tensors in place.
-                bad = {_tensor_of(d["path"]) for d in res["divergences"][n_before:]}
-                caps_a[phase] = {k: v.detach().to("cpu", copy=True) for k, v in live.items() if k in bad}
+                    st.record.setdefault("ulp_applied", []).append(str(inj))
+        cap = st.test.setdefault(phase, _PhaseCapture())
+        if phase == Phase.FORWARD and not bool(torch.isfinite(live.get("loss", torch.zeros(1))).all()):
+            self.scan_nonfinite = True  # from here on, say where NaN/Inf sit (cheap until then)
+        self._scan_nonfinite(step, phase, live)
+        ref = st.ref.get(phase)
+        if ref is not None and ref.complete:
+            cap.tensors.update(live)
+            self._compare(step, phase, live)
+        else:  # ref has not reported this phase yet (a test stack that reports early)
+            copies = {k: v.detach().clone() for k, v in live.items()}
+            cap.tensors.update(copies)
+            st.pending.setdefault(phase, {}).update(copies)
+        if complete:
+            cap.complete = True
+            if ref is not None and ref.complete:
+                self._complete_phase(step, phase)
 
-        A.step(step, on_a)
-        # optim (#17): lr, grad norm, zeros and clip coefficient of this step, ON and OFF (_b)
-        step_rec.update(A.last_step_stats, **{f"{k}_b": v for k, v in B.last_step_stats.items()})
-        if A.grad_buffer_clean is not None:
-            if Fault.ZEROS_VS_ZEROS in harness_faults:
-                # The regressed check: compare A's grad buffers with B's after both were zeroed.
-                a0 = [b.grad_data for buf in A.ddp.all_buffers() for b in buf.buckets]
-                b0 = [b.grad_data for buf in B.ddp.all_buffers() for b in buf.buckets]
-                A.ddp.zero_grad_buffer(); B.ddp.zero_grad_buffer()
-                trivial = all(int(torch.count_nonzero(x)) == 0 and int(torch.count_nonzero(y)) == 0
-                              for x, y in zip(a0, b0))
-                check(step, "grad-buffer-clean", not trivial,
-                      f"step {step}: grad-buffer comparison is zeros vs zeros: it cannot fail")
-            else:
-                check(step, "grad-buffer-clean", A.grad_buffer_clean,
-                      f"step {step}: LayerWise grad_data not zero after force_sync (gather payload left)")
-        _replica_checks(step, A, params_a[0], groups, check)
-        step_div = [d for d in res["divergences"] if d["step"] == step]
-        step_rec["n_div"] = len(step_div)
-        res["steps"].append(step_rec)
-        if opts.snapshot == "all" or (opts.snapshot == "divergent" and step_div):
-            snaps[step] = _snapshot_tensors(caps_a, caps_b, step_div, opts.snapshot)
-        if opts.fail_fast and (step_div or any(not c["ok"] for c in res["checks"])):
-            break
-    res["snapshots"] = _write_snapshots(snaps, scenario, rank, opts) if snaps else []
-    res["build_s"] = build_s
-    return res
+    def _compare(self, step, phase, cur: dict) -> None:
+        """Compare one report of the test stack with ref's (complete) capture of that phase."""
+        st = self.states[step]
+        ref = st.ref[phase].tensors
+        if phase == Phase.PARAM_SYNC and Fault.VACUOUS_PARAM_COMPARE in self.harness_faults:
+            cur = {}  # every param classified as quantized: nothing left to compare
+        n_before = len(self.result.divergences)
+        done = st.compared.setdefault(phase, set())
+        for k in sorted(cur):
+            if k in ref and k not in done:
+                done.add(k)
+                self._record(step, phase, compare_tensors(ref[k], cur[k], f"step {step}/{phase}/{k}/rank {self.rank}"))
+        opts = self.opts
+        if opts.snapshot == "all":
+            st.snap_test.setdefault(phase, {}).update({k: v.detach().to("cpu", copy=True) for k, v in cur.items()})
+        elif opts.snapshot == "divergent" and len(self.result.divergences) > n_before:
+            # Copy the differing tensors now: later phases update the live tensors in place.
+            bad = {_tensor_of(d["path"]) for d in self.result.divergences[n_before:]}
+            st.snap_test.setdefault(phase, {}).update(
+                {k: v.detach().to("cpu", copy=True) for k, v in cur.items() if k in bad})
+
+    def _complete_phase(self, step, phase) -> None:
+        """Both sides reported all of this phase: whole-set checks, hashes, golden records."""
+        st = self.states[step]
+        cur, ref = st.test[phase].tensors, st.ref[phase].tensors
+        for inj in self.ulps:
+            if inj.step == step and inj.phase == phase and str(inj) not in st.record.get("ulp_applied", []):
+                raise KeyError(f"--inject: no tensor {_resolve_param(inj.param, self.star, phase, cur)!r} "
+                               f"in phase {phase}")
+        self._check(step, f"nonempty/{phase}", len(st.compared.get(phase, ())) > 0,
+                    f"step {step}/{phase}/rank {self.rank}: nothing to compare (empty key set)")
+        one_sided = set(cur) - set(ref)
+        if phase == Phase.PARAM_SYNC:
+            self._dropped_set_checks(step, cur, ref)  # keys only in ref: the pinned dropped set
+            st.param_hashes = {k: tensor_sha256(v) for k, v in cur.items()}
+        else:
+            one_sided |= set(ref) - set(cur)
+        for k in sorted(one_sided):
+            self._check(step, f"keys/{phase}", False, f"step {step}/{phase}/{k}/rank {self.rank}: present "
+                        f"only in {'ON' if k in cur else 'OFF'}")
+        if phase == Phase.FORWARD:
+            st.record["loss_bits"] = loss_bits(cur["loss"])
+            st.record["loss"] = repr(float(cur["loss"]))
+            st.record["loss_b_bits"] = loss_bits(ref["loss"])
+        if self.opts.golden_digests and phase != Phase.INIT:
+            self._record_golden(step, phase, cur)
+
+    def _record_golden(self, step, phase, tensors) -> None:
+        _golden_records(self.result.golden, step, phase, tensors, last=step == self.scenario.steps - 1)
+
+    def _record(self, step, phase, diff) -> None:
+        res = self.result
+        res.compared += 1
+        res.compared_by_phase[phase] = res.compared_by_phase.get(phase, 0) + 1
+        if diff.equal:
+            return
+        d = diff.to_dict()
+        d.update(step=step, phase=str(phase), rank=self.rank)
+        res.divergences.append(d)
+        if len(res.messages) < MAX_MESSAGES:
+            res.messages.append(diff.message())
+
+    def _check(self, step, name, ok, msg) -> None:
+        self.result.checks.append({"step": step, "check": name, "ok": bool(ok), "rank": self.rank,
+                                   "message": "" if ok else msg})
+
+    def _scan_nonfinite(self, step, phase, live) -> None:
+        if not self.scan_nonfinite:
+            return
+        for k, v in live.items():
+            if len(self.result.nonfinite) >= 50:
+                return
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                self.result.nonfinite.append({"step": step, "phase": str(phase), "tensor": k,
+                                              "side": "ON",  # report.py's name for the test side
+                                              "nan": int(torch.isnan(v).sum()), "inf": int(torch.isinf(v).sum())})
+
+    # -- checks ----------------------------------------------------------------------------
+    def _construction_checks(self) -> None:
+        test, groups = self.test, self.groups
+        # Ownership must be one table on every rank (all-gathered and compared).
+        for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
+            tables = all_gather_object(test.layerwise.ownership_table(expert), group)
+            self._check(-1, "ownership-agrees", all(t == tables[0] for t in tables),
+                        f"ranks of the {'expert-' if expert else ''}DP group disagree on LayerWise "
+                        f"ownership (a param owned by 0 or 2 ranks)")
+        # Every trainable param is stepped by exactly one optimizer: LayerWise (some rank owns
+        # it) or DistOpt (its buffer is sharded over the DP group).
+        lw_names = {n for n, _ in test.layerwise.ownership_table()}
+        do_names = {test.names[p] for b in test.distopt.buffers for p in b.params}
+        orphans = sorted(set(test.names.values()) - lw_names - do_names)
+        twice = sorted(lw_names & do_names)
+        self._check(-1, "optimizer-coverage", not orphans and not twice,
+                    f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
+        # Only owners may keep a high-precision init copy, and only until their master exists.
+        kept = [test.names[p] for p in test.params if getattr(p, "hp_init", None) is not None]
+        self._check(-1, "init-copies-dropped", not kept,
+                    f"{len(kept)} FP8 params still hold a high-precision init copy after optimizer "
+                    f"construction (first: {kept[:2]})")
+
+    def _compare_init(self) -> None:
+        """Masters at construction, before any update: the test stack's seeded from the
+        high-precision init must equal ref's clone of its bf16 param (a master from the FP8
+        dequant fails here)."""
+        def masters(stack):
+            return {k: v for k, v in stack.optimizer_state().items() if k.endswith(".master")}
+
+        step, phase = -1, Phase.INIT
+        self._on_ref(step, phase, masters(self.ref))
+        self._on_test(step, phase, masters(self.test))
+
+    def _dropped_set_checks(self, step, cur, ref) -> None:
+        _, _, self.pinned_drop = _param_keys(cur, ref, self.pinned_drop, step, self.harness_faults,
+                                             self._check, self.expect_drop)
+
+    def _after_test_step(self, step: int) -> None:
+        test, st = self.test, self.states[step]
+        if test.grad_buffer_clean is not None:
+            self._check(step, "grad-buffer-clean", test.grad_buffer_clean,
+                        f"step {step}: LayerWise grad_data not zero after force_sync (gather payload left)")
+        # All-reduced LayerWise grads must agree on every replica: hashed now, before the next
+        # step reuses the grad buffers; compared when the step closes.
+        for p in test.params:
+            if not test.ddp.group_of[id(p)].use_distributed_optimizer:
+                st.grad_hashes[f"main_grad:{test.names[p]}"] = tensor_sha256(p.main_grad)
+        self._gather_checks()
+
+    def _gather_checks(self) -> None:
+        """Under overlap: in every window between two optimizer steps, each bucket group that
+        has something to gather gathered exactly once, the way this stack finishes gathers (a
+        pre-hook, or force_sync), before its params' first use. Read from the groups' own
+        records."""
+        test = self.test
+        self.ref.closed_windows.clear()  # the reference is not checked
+        while test.closed_windows:
+            w = test.closed_windows.pop(0)
+            want = test.gather_source
+            bad = []
+            for row in test.gather_report(w):
+                exp = [want] * row["expect"]
+                if not row["used"] or row["before_first_use"] != exp or row["total"] != exp:
+                    bad.append(row)
+            msg = ""
+            if bad:
+                r = bad[0]
+                use = f"before the first use of {r['first_param']}" if r["used"] else "(params never used)"
+                msg = (f"step {w.step}: bucket group {r['group']} ({r['first_param']}): gathers {use}: "
+                       f"{r['before_first_use'] or 'none'}, in the whole window: {r['total'] or 'none'}; "
+                       f"expected exactly {r['expect']} by {want} ({len(bad)} group(s) wrong)")
+            self._check(w.step, "param-gather-once", not bad, msg)
+
+    def _replica_checks(self, step: int, st: _StepState) -> None:
+        """Every DP replica of every param (and every all-reduced LayerWise grad) must be
+        identical: this step's param_sync tensors of the test stack, and its grad hashes."""
+        dense, expert = {}, {}
+        for k, h in list(st.param_hashes.items()) + list(st.grad_hashes.items()):
+            (expert if _is_expert_name(k) else dense)[k] = h
+        groups = self.groups
+        for name, table, group, size in (("dp", dense, groups.dp_group, groups.dp),
+                                         ("expert-dp", expert, groups.expt_dp_group, groups.expt_dp)):
+            if size == 1 or not table:
+                continue
+            all_tables = all_gather_object(table, group)
+            bad = sorted(k for k in table if len({t.get(k) for t in all_tables}) > 1)
+            self._check(step, f"replicas/{name}", not bad,
+                        f"step {step}: {len(bad)} tensors differ across {name} replicas, first: {bad[:3]}")
+
+    # -- closing steps ---------------------------------------------------------------------
+    def _closed(self, st: _StepState) -> bool:
+        return all(ph in st.test and st.test[ph].complete and ph in st.ref and st.ref[ph].complete
+                   for ph in (Phase.FORWARD, Phase.PARAM_SYNC))
+
+    def _close_ready_steps(self, final: bool = False) -> None:
+        """Close, in step order, every step whose phases both stacks have reported."""
+        for step in sorted(self.states):
+            st = self.states[step]
+            if step < 0:
+                del self.states[step]
+                continue
+            if not self._closed(st) and not final:
+                return
+            self._replica_checks(step, st)
+            res = self.result
+            step_div = [d for d in res.divergences if d["step"] == step]
+            st.record["n_div"] = len(step_div)
+            st.record.pop("ulp_applied", None)
+            res.steps.append(st.record)
+            mode = self.opts.snapshot
+            if mode == "all" or (mode == "divergent" and step_div):
+                self.snaps[step] = _snapshot_tensors(st, step_div, mode)
+            if self.opts.fail_fast and (step_div or any(not c["ok"] for c in res.checks)):
+                self.stopped = True
+            del self.states[step]
 
 
 def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop):
     """ON holds FP8 weights only as FP8 parts; OFF holds them as bf16 too. The bf16 keys ON
-    drops are pinned at step 0: the set must stay the same and must not be empty when ON has
-    FP8 params (an empty or shrinking set means the comparison lost coverage)."""
+    drops are pinned at the first step: the set must stay the same and must not be empty when ON
+    has FP8 params (an empty or shrinking set means the comparison lost coverage). Returns the
+    two key sets to compare and the pinned set."""
     cur = live
     if Fault.VACUOUS_PARAM_COMPARE in harness_faults:
         cur = {}  # every param classified as quantized: nothing left to compare
@@ -269,39 +499,6 @@ def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop
     return cur, ref, pinned_drop
 
 
-def compare_maps(step, phase, ref: dict, cur: dict, rank, record, check):
-    """Compare two phase captures; an empty key set is itself a failure (a check that cannot fail)."""
-    keys = sorted(set(ref) | set(cur))
-    check(step, f"nonempty/{phase}", len(set(ref) & set(cur)) > 0,
-          f"step {step}/{phase}/rank {rank}: nothing to compare (empty key set)")
-    for k in keys:
-        path = f"step {step}/{phase}/{k}/rank {rank}"
-        if k not in ref or k not in cur:
-            check(step, f"keys/{phase}", False, f"{path}: present only in {'ON' if k in cur else 'OFF'}")
-            continue
-        record(step, phase, compare_tensors(ref[k], cur[k], path))
-
-
-def _replica_checks(step, stack: Stack, tensors: dict, groups, check):
-    """Every DP replica of every param (and every all-reduced LayerWise grad) must be identical.
-    ``tensors``: this step's param_sync tensors of ``stack``."""
-    dense = {k: tensor_sha256(v) for k, v in tensors.items() if not _is_expert_name(k)}
-    expert = {k: tensor_sha256(v) for k, v in tensors.items() if _is_expert_name(k)}
-    for p in stack.params:
-        buf_cfg = stack.ddp.group_of[id(p)]
-        if not buf_cfg.use_distributed_optimizer:
-            (expert if _is_expert_name(stack.names[p]) else dense)[f"main_grad:{stack.names[p]}"] = tensor_sha256(p.main_grad)
-    for name, table, group, size in (("dp", dense, groups.dp_group, groups.dp),
-                                     ("expert-dp", expert, groups.expt_dp_group, groups.expt_dp)):
-        if size == 1 or not table:
-            continue
-        all_tables = [None] * size
-        dist.all_gather_object(all_tables, table, group=group)
-        bad = sorted(k for k in table if len({t.get(k) for t in all_tables}) > 1)
-        check(step, f"replicas/{name}", not bad,
-              f"step {step}: {len(bad)} tensors differ across {name} replicas, first: {bad[:3]}")
-
-
 def _is_expert_name(k: str) -> bool:
     return ".experts." in k
 
@@ -311,14 +508,15 @@ def _tensor_of(path: str) -> str:
     return path.split("/", 2)[2].rsplit("/rank", 1)[0]
 
 
-def _snapshot_tensors(caps_a, caps_b, step_div, mode):
+def _snapshot_tensors(st: _StepState, step_div, mode) -> dict:
     out = {}
     want = {(d["phase"], _tensor_of(d["path"])) for d in step_div}
-    for side, caps in (("A", caps_a), ("B", caps_b)):
+    ref_caps = {ph: cap.tensors for ph, cap in st.ref.items()}
+    for side, caps in ((Side.TEST, st.snap_test), (Side.REF, ref_caps)):
         for ph, d in caps.items():
             for k, v in d.items():
-                if mode == "all" or (ph, k) in want:
-                    out[f"{side}/{ph}/{k}"] = v.detach().to("cpu", copy=True)
+                if mode == "all" or (str(ph), k) in want:
+                    out[f"{SNAPSHOT_PREFIX[side]}/{ph}/{k}"] = v.detach().to("cpu", copy=True)
     return out
 
 

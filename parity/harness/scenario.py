@@ -59,6 +59,8 @@ class Scenario:
     """FP8 param gather setting of both sides when the pair is another knob."""
     steps: int = 30
     """Training steps."""
+    microbatches: int = 1
+    """Microbatches per step (gradient accumulation); each draws its own batch."""
     lr: float = 1e-3
     """Learning rate (large on purpose: amplifies differences); the peak of a schedule."""
     lr_decay_style: str = "constant"
@@ -100,8 +102,8 @@ class Scenario:
             ddp = DDPConfig(bucket_size=self.bucket_size, overlap_grad_reduce=overlap,
                             overlap_param_gather=overlap, layout=self.layout)
             return StackConfig(model=model, recipe=self.recipe, fp8_param_gather=fp8, ddp=ddp,
-                               optim=optim, seed=self.seed, force_sync_each_step=force_sync,
-                               faults=frozenset(f))
+                               optim=optim, seed=self.seed, microbatches=self.microbatches,
+                               force_sync_each_step=force_sync, faults=frozenset(f))
 
         if self.pair == "fp8_param_gather":
             return (make(True, self.overlap, False, faults), make(False, self.overlap, False, ()))
@@ -130,8 +132,8 @@ class Scenario:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "overlap": bool,
-         "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "lr": float,
-         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
+         "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "microbatches": int,
+         "lr": float, "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
          "lr_decay_style": str, "lr_warmup_steps": int, "lr_decay_steps": (int, type(None)),
          "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int}
 
@@ -172,7 +174,7 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
     choice("layout", LAYOUTS)
     choice("pair", tuple(PAIRS))
     choice("device", DEVICES)
-    for key in ("world", "ep", "steps"):
+    for key in ("world", "ep", "steps", "microbatches"):
         if getattr(s, key) < 1:
             raise _err(src, key, f"must be >= 1, got {getattr(s, key)}")
     if s.world % s.ep:

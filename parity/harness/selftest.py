@@ -18,6 +18,10 @@ SCENARIOS = {
     "w4-moe-overlap": dict(world=4, moe=True, ep=2, overlap=True),
     "w4-overlap-pair": dict(world=4, moe=True, ep=2, pair="overlap_param_gather"),
     "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
+    # The test side runs bf16 weights with TE's first-microbatch FP8 cache, deferred gather.
+    "w2-bf16-overlap-pair-mb2": dict(world=2, pair="overlap_param_gather", fp8_param_gather=False,
+                                     microbatches=2),
+    "w2-overlap-mb2": dict(world=2, overlap=True, microbatches=2),
     "w1-moe": dict(world=1, moe=True),
     "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
     "w2-fp8-head": dict(world=2, model={"fp8_head": True}),
@@ -51,9 +55,8 @@ CASES = {
     "split-grad-buffers": ("w4-moe", Expect("mismatch", phase="grad_reduce")),
     "numel-only-ownership": ("w4-dense", Expect("check", check="ownership-agrees", step=-1)),
     "vacuous-param-compare": ("w4-dense", Expect("check", check="nonempty/param_sync", step=0)),
-    "zeros-vs-zeros": ("w4-force-sync-pair", Expect("check", check="grad-buffer-clean", step=0)),
     "sample-before-deferred-gather": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
-    "no-rearm-after-force-sync": ("w4-moe-overlap", Expect("check", check="deferred-gather-armed", step=1)),
+    "no-rearm-in-finish-grad-sync": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=1)),
     "force-sync-stale": ("w4-force-sync-pair", Expect("mismatch", phase="param_sync", step=0)),
     "rank0-empty-slot": ("w4-moe", Expect("error", error="IndexError")),
     "fp32-via-bf16": ("w4-moe", Expect("mismatch", phase="param_sync", step=0, tensor="ape")),
@@ -73,6 +76,12 @@ CASES = {
                                                                  tensor="clip_coef")),
     "grad-norm-counts-unreduced-shard": ("w4-dense", Expect("mismatch", phase="optimizer", step=0,
                                                             tensor="grad_norm")),
+    "force-sync-payload-not-zeroed": ("w4-force-sync-pair", Expect("check", check="grad-buffer-clean", step=0)),
+    "prehooks-not-registered": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
+    "wait-wrong-handle": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
+    "fp8-cache-not-refreshed": ("w2-bf16-overlap-pair-mb2", Expect("mismatch", phase="param_sync", step=0,
+                                                                    tensor=".fp8.")),
+    "payload-in-grad-during-accumulation": ("w2-overlap-mb2", Expect("check", check="param-gather-once", step=0)),
 }
 
 

@@ -5,8 +5,14 @@ every forward, as TE does for a bf16 weight) or a :class:`QuantizedParameter` (O
 ``Q(bf16(master))`` is the only copy of the weight). Both feed the same GEMMs, so ON and OFF can be
 bit-identical exactly when ON's persisted bytes equal OFF's on-the-fly quantization.
 
-Gradients: the wgrad GEMM accumulates straight into ``weight.main_grad`` (TE's gradient
-accumulation fusion), for ON and OFF alike, and then calls ``weight.grad_ready_hook`` installed by
+Microbatches follow TE's ``is_first_microbatch`` rule (docs/spec/te.md s9). With the flag set
+(the training loop sets it every microbatch: True on the first, False after), OFF keeps its FP8
+weight in a cache that is requantized on the first microbatch only and reused on the others; ON
+uses its persisted FP8 weight as is. With the flag None, OFF quantizes on every forward.
+
+Gradients: the wgrad GEMM writes straight into ``weight.main_grad`` (TE's gradient accumulation
+fusion), for ON and OFF alike: it overwrites ``main_grad`` on the first microbatch and accumulates
+into it otherwise (and when the flag is None); then it calls ``weight.grad_ready_hook`` installed by
 the DDP wrapper. A storage-less FP8 parameter has nowhere else to put a gradient.
 """
 
@@ -16,6 +22,7 @@ import torch
 from torch import nn
 
 from parity.fp8 import QuantizedTensor, fp8_gemm, quantize
+from parity.vocab import Fault
 
 # Per recipe: (block for activations and grads, block for weights). TE's Float8BlockScaling uses
 # 1x128 tiles for x and dy and 128x128 for weights; MXFP8 uses 1x32 everywhere.
@@ -60,11 +67,14 @@ def is_quantized_param(p) -> bool:
     return isinstance(p, QuantizedParameter)
 
 
-def accumulate_main_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
+def accumulate_main_grad(param: torch.Tensor, grad: torch.Tensor, overwrite: bool = False) -> None:
     main_grad = getattr(param, "main_grad", None)
     if main_grad is None:
         raise RuntimeError("parameter has no main_grad: wrap the model in the DDP wrapper first")
-    main_grad.add_(grad)
+    if overwrite:
+        main_grad.copy_(grad)
+    else:
+        main_grad.add_(grad)
     hook = getattr(param, "grad_ready_hook", None)
     if hook is not None:
         hook(param)
@@ -81,13 +91,13 @@ def _pad_rows(t: torch.Tensor, recipe: str) -> torch.Tensor:
 
 class _FP8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, layer):
+    def forward(ctx, x, layer, qw):
         recipe = layer.recipe
         act_block = RECIPE_BLOCKS[recipe][0]
         x2 = x.reshape(-1, x.shape[-1])
         rows = x2.shape[0]
-        qw = layer.fp8_weight()
         ctx.layer, ctx.x_shape, ctx.qw = layer, x.shape, qw
+        ctx.overwrite_wgrad = layer.is_first_microbatch is True
         if x2.shape[0] == 0:  # an expert that got no tokens still reports a (zero) gradient
             ctx.qx = None
             return x.new_empty(*x.shape[:-1], layer.out_features)
@@ -101,8 +111,9 @@ class _FP8LinearFn(torch.autograd.Function):
         layer, qw, qx = ctx.layer, ctx.qw, ctx.qx
         w = layer.weight
         if qx is None:
-            accumulate_main_grad(w, torch.zeros(w.shape, dtype=torch.float32, device=dy.device))
-            return dy.new_zeros(ctx.x_shape), None
+            accumulate_main_grad(w, torch.zeros(w.shape, dtype=torch.float32, device=dy.device),
+                                 ctx.overwrite_wgrad)
+            return dy.new_zeros(ctx.x_shape), None, None
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
         rows = dy2.shape[0]
         qdy = quantize(_pad_rows(dy2, layer.recipe), layer.recipe, block=RECIPE_BLOCKS[layer.recipe][0],
@@ -110,8 +121,8 @@ class _FP8LinearFn(torch.autograd.Function):
         dx = fp8_gemm(qdy.gemm_operand("rowwise"), qw.gemm_operand("columnwise"), out_dtype=dy.dtype)
         dw = fp8_gemm(qdy.gemm_operand("columnwise"), qx.gemm_operand("columnwise"),
                       out_dtype=torch.float32)
-        accumulate_main_grad(w, dw)
-        return dx[:rows].reshape(ctx.x_shape), None
+        accumulate_main_grad(w, dw, ctx.overwrite_wgrad)
+        return dx[:rows].reshape(ctx.x_shape), None, None
 
 
 class FP8Linear(nn.Module):
@@ -128,12 +139,33 @@ class FP8Linear(nn.Module):
             self.weight = QuantizedParameter(quantize_weight(hp, recipe), hp_init=hp)
         else:
             self.weight = nn.Parameter(hp)
+        self.is_first_microbatch: bool | None = None
+        """Set by the training loop before each microbatch's forward (TE's argument)."""
+        self.weight_observer = None
+        """Called as ``weight_observer(module, qw)`` with the FP8 weight each forward is about
+        to use (the harness's capture point)."""
+        self.faults = frozenset()
+        self._fp8_cache: QuantizedTensor | None = None
 
     def fp8_weight(self) -> QuantizedTensor:
-        """The quantized weight the next forward will use (OFF: quantized now, on the fly)."""
+        """The quantized weight of the current weight values (OFF: quantized now, on the fly)."""
         if is_quantized_param(self.weight):
             return self.weight.qt
         return quantize_weight(self.weight.detach(), self.recipe)
 
+    def forward_weight(self) -> QuantizedTensor:
+        """The FP8 weight this forward uses, by TE's is_first_microbatch rule."""
+        if is_quantized_param(self.weight) or self.is_first_microbatch is None:
+            return self.fp8_weight()
+        refresh = self.is_first_microbatch or self._fp8_cache is None
+        if Fault.FP8_CACHE_NOT_REFRESHED in self.faults and self._fp8_cache is not None:
+            refresh = False  # the cache survives the param update
+        if refresh:
+            self._fp8_cache = self.fp8_weight()
+        return self._fp8_cache
+
     def forward(self, x):
-        return _FP8LinearFn.apply(x, self)
+        qw = self.forward_weight()
+        if self.weight_observer is not None:
+            self.weight_observer(self, qw)
+        return _FP8LinearFn.apply(x, self, qw)

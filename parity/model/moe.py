@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from parity.distributed.collectives import all_to_all_single
 
 
 class _AllToAll(torch.autograd.Function):
@@ -25,7 +26,7 @@ def _exchange(x, send_counts, recv_counts, group):
     if group is None:
         return x.clone()
     out = x.new_empty(sum(recv_counts), *x.shape[1:])
-    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=group)
+    all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group)
     return out
 
 
@@ -34,7 +35,7 @@ def _exchange_counts(counts: list[int], group, device) -> list[int]:
         return list(counts)
     send = torch.tensor(counts, dtype=torch.int64, device=device)
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    all_to_all_single(recv, send, group=group)
     return recv.tolist()
 
 

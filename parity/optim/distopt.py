@@ -69,35 +69,38 @@ class DistributedOptimizer:
                 pc.buf.param_data[pc.lo:pc.hi].copy_(pc.master)
             pc.master.grad = None
 
-    def gather(self):
+    def gather(self, only=None):
+        """Param sync after the step: every bucket of my buffers (or only the buckets in ``only``)."""
         for buf in self.buffers:
-            if buf.key.param_dtype == torch.uint8:
-                self._gather_fp8(buf)
-            else:
-                buf.gather_param_data()
+            for b in buf.buckets:
+                if only is not None and b not in only:
+                    continue
+                if buf.key.param_dtype == torch.uint8:
+                    self._gather_fp8(buf, b)
+                else:
+                    b.start_param_data_gather().wait()
+                    b.gather_send = None
 
-    def _gather_fp8(self, buf):
-        """All-gather bf16(master) shards of every bucket, then requantize each FP8 param from its
+    def _gather_fp8(self, buf, b):
+        """All-gather the bucket's bf16(master) shards, then requantize each FP8 param from its
         gathered bf16 values (every rank, own shard included)."""
         r = dist.get_rank(buf.group) if buf.dp > 1 else 0
-        mine = [pc for pc in self.pieces if pc.buf is buf]
-        for b in buf.buckets:
-            shard = b.numel // buf.dp
-            s0 = b.start + r * shard
-            send = torch.zeros(shard, dtype=torch.bfloat16, device=buf.grad_data.device)
-            for pc in mine:
-                if b.start <= pc.lo < b.end:
-                    send[pc.lo - s0:pc.hi - s0].copy_(pc.master)
-            full = send
-            if buf.dp > 1:
-                full = torch.empty(b.numel, dtype=torch.bfloat16, device=send.device)
-                dist.all_gather_into_tensor(full, send, group=buf.group)
-            if Fault.DISTOPT_FP8_NOT_REQUANTIZED in self.faults:
-                continue  # the gathered values never reach the FP8 bytes
-            for p in b.params:
-                ps, pe, _ = buf.layout.index[p]
-                p.qt.requantize_(full[ps - b.start:pe - b.start].view(p.shape))
-                p.qt.post_all_gather_processing()
+        shard = b.numel // buf.dp
+        s0 = b.start + r * shard
+        send = torch.zeros(shard, dtype=torch.bfloat16, device=buf.grad_data.device)
+        for pc in self.pieces:
+            if pc.buf is buf and b.start <= pc.lo < b.end:
+                send[pc.lo - s0:pc.hi - s0].copy_(pc.master)
+        full = send
+        if buf.dp > 1:
+            full = torch.empty(b.numel, dtype=torch.bfloat16, device=send.device)
+            dist.all_gather_into_tensor(full, send, group=buf.group)
+        if Fault.DISTOPT_FP8_NOT_REQUANTIZED in self.faults:
+            return  # the gathered values never reach the FP8 bytes
+        for p in b.params:
+            ps, pe, _ = buf.layout.index[p]
+            p.qt.requantize_(full[ps - b.start:pe - b.start].view(p.shape))
+            p.qt.post_all_gather_processing()
 
     def state_tensors(self) -> dict:
         out = {}

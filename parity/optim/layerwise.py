@@ -124,10 +124,11 @@ class LayerWiseOptimizer:
             copy_master_to_param(p, m, self.faults)
 
     def sync(self):
-        """Param sync after the step: eager whole-param gather, or nothing when deferred."""
+        """Eager param sync after the step (without overlap_param_gather; with it, the DDP's
+        forward pre-hooks gather the LayerWise buckets instead)."""
         if self.padded:
             self._gather_padded()
-        elif not self.ddp.config.overlap_param_gather:
+        else:
             self.allgather_params()
 
     def allgather_params(self):
@@ -149,8 +150,8 @@ class LayerWiseOptimizer:
                     dtype = next(lst[0] for lst in part if lst).dtype
                 if fp8:
                     dtype = torch.bfloat16
-                flat, sizes = param_sync.gather_lists(part, group, my, None, fp8, dtype, self.device,
-                                                      self.faults)
+                flat, sizes, _ = param_sync.gather_lists(part, group, my, None, fp8, dtype, self.device,
+                                                         self.faults)
                 if flat is not None:
                     param_sync.copy_back_all(part, flat, sizes, fp8, my)
 

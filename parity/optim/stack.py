@@ -1,16 +1,25 @@
 """One training stack (model + DDP + LayerWise Muon + DistOpt Adam) and its step, in phases.
 
-The harness drives two of these in lockstep. Each phase ends with a call to ``on_phase(name,
-tensors)`` where ``tensors`` maps names to the LIVE tensors of that phase (so an injected fault
-propagates like a real bug); the caller clones only what it needs.
+The harness drives two of these in lockstep. The stack reports each phase with
+``on_phase(step, phase, tensors, complete=True)``: ``tensors`` maps names to the LIVE tensors of
+that phase (so an injected fault propagates like a real bug; the caller clones what it keeps).
+A phase may come in parts (``complete=False``) and is closed by a call with ``complete=True``.
+
+When params are captured (`param_sync`): without overlap, right after the eager gathers of the
+step. With overlap_param_gather the only gather between step N's optimizer and step N+1's forward
+is the one the forward pre-hooks do, so param_sync of step N is captured as step N+1's first
+microbatch consumes the params: per module, after its pre-hooks ran and before its weights are
+used; after the last step, ``flush`` runs one more forward for that.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
+from parity.ddp.buffers import FORCE_SYNC, PRE_HOOK
 from parity.ddp.ddp import DDP, DDPConfig
 from parity.model import GPT, ModelConfig, is_quantized_param
 from parity.model.data import batch
@@ -19,7 +28,7 @@ from parity.optim.clip import counted_grads, grad_stats, held_grads
 from parity.optim.distopt import DistributedOptimizer
 from parity.optim.layerwise import LayerWiseOptimizer
 from parity.optim.schedule import DECAY_STYLES, lr_at
-from parity.vocab import Fault
+from parity.vocab import Fault, Phase
 
 FP8_PARTS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
 
@@ -113,6 +122,9 @@ class StackConfig:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 1234
+    microbatches: int = 1
+    """Microbatches per step (gradient accumulation): forward and backward each, grads
+    accumulate in main_grad, the reduce runs after the last."""
     force_sync_each_step: bool = False
     """Under overlap: leave the next gather pending after the step and finish it with force_sync
     (instead of the forward pre-hook)."""
@@ -123,6 +135,8 @@ class StackConfig:
 
 
 def validate_stack(c: StackConfig) -> None:
+    if not isinstance(c.microbatches, int) or c.microbatches < 1:
+        raise ValueError(f"microbatches must be an integer >= 1, got {c.microbatches!r}")
     if c.recipe not in ("blockwise", "mxfp8"):
         if c.recipe in ("nvfp4", "fp4"):
             raise ValueError("fp4 param gather is not supported on the LayerWise path (rejected outright)")
@@ -134,6 +148,20 @@ def validate_stack(c: StackConfig) -> None:
         bad = [d for d in c.model.matrix_dims() if d % 32]
         if bad:
             raise ValueError(f"mxfp8 needs every matrix dimension divisible by 32; got {bad}")
+
+
+@dataclass
+class GatherWindow:
+    """The param gathers of every bucket group between step ``step``'s optimizer and the next
+    one, as the groups themselves recorded them (``BucketGroup.param_gathers``)."""
+
+    step: int
+    start: dict
+    """group -> len(group.param_gathers) when the window opened."""
+    first_use: dict = field(default_factory=dict)
+    """group -> (first param of the group a forward used, the gathers landed by then)."""
+    total: dict = field(default_factory=dict)
+    """group -> every gather landed in the window (set when it closes)."""
 
 
 class Stack:
@@ -159,58 +187,147 @@ class Stack:
         self.last_grad_stats = None  # this step's GradStats (set after the grad reduce)
         self.last_step_stats = {}    # lr and the grad stats as plain numbers, for the step report
         self.fp8_linears = {m.weight: m for m in self.model.modules() if isinstance(m, FP8Linear)}
+        for m in self.fp8_linears.values():
+            m.faults = faults
         self.overlap = self.ddp.config.overlap_param_gather
-        self.grad_buffer_clean = None  # set after each forced sync: LayerWise grad_data all zero?
-        # The first forward uses the params from init: nothing to gather yet.
+        self.grad_buffer_clean = None  # after each forced sync: every LayerWise grad_data all zero?
+        # Under overlap, param_sync is captured when the next forward consumes the params.
+        self.capture_at_consumption = self.overlap and Fault.SAMPLE_BEFORE_DEFERRED_GATHER not in faults
+        self.gather_source = FORCE_SYNC if cfg.force_sync_each_step else PRE_HOOK
+        """How each overlapped gather must be finished on this stack."""
+        self.window: GatherWindow | None = None
+        self.closed_windows: list[GatherWindow] = []
+        self._capture = None  # (on_phase, step) while a forward captures param_sync of `step`
         if self.overlap:
-            for g in self.ddp.layer_wise_overlap_groups():
-                g.param_gather_dispatched = True
+            # The training loop keeps the pre-hooks off for the first iteration (the params
+            # from init or a checkpoint are already in place) and turns them on after it.
+            self.ddp.disable_forward_pre_hook(param_sync=False)
+            self._install_param_capture()
 
-    # -- phases ----------------------------------------------------------------------------
+    # -- one step ----------------------------------------------------------------------------
     def step(self, step: int, on_phase) -> None:
         cfg, ddp = self.cfg, self.ddp
+        n = cfg.microbatches
         ddp.zero_grad_buffer()
-        tokens, labels = batch(cfg.seed, step, self.groups.dp_rank, cfg.model.micro_batch,
-                               cfg.model.seq_len, cfg.model.vocab_size, self.device)
-        loss, logits = self.model(tokens, labels)
-        on_phase("forward", {"loss": loss.detach().reshape(1), "output": logits.detach()})
-        loss.backward()
+        losses = []
+        for mb in range(n):
+            if mb > 0 and Fault.PAYLOAD_IN_GRAD_DURING_ACCUMULATION in cfg.faults:
+                ddp.reset_param_sync_dispatch_state()  # the next gather lands in accumulating grads
+            with ddp.no_sync() if mb < n - 1 else nullcontext():
+                loss, logits = self._forward(step, mb, on_phase)
+                losses.append(loss.detach())
+                if n == 1:
+                    on_phase(step, Phase.FORWARD, {"loss": loss.detach().reshape(1), "output": logits.detach()})
+                else:
+                    on_phase(step, Phase.FORWARD, {f"loss.mb{mb}": loss.detach().reshape(1),
+                                                   f"output.mb{mb}": logits.detach()}, complete=False)
+                    if mb == n - 1:  # the reported loss: the mean over microbatches
+                        on_phase(step, Phase.FORWARD, {"loss": (torch.stack(losses).sum() / n).reshape(1)})
+                (loss / n).backward()
         if not ddp.config.overlap_grad_reduce:
-            on_phase("grad_local", self.main_grads())
+            on_phase(step, Phase.GRAD_LOCAL, self.main_grads())
         ddp.finish_grad_sync()
-        on_phase("grad_reduce", self.main_grads())
+        on_phase(step, Phase.GRAD_REDUCE, self.main_grads())
+        self._close_gather_window()
         self.clip_grads()
         self.set_lr(step)
         self.layerwise.step()
         self.distopt.step()
-        on_phase("optimizer", self.optimizer_state())
-        self.layerwise.sync()
-        self.distopt.gather()
-        if Fault.SAMPLE_BEFORE_DEFERRED_GATHER in cfg.faults:
-            on_phase("param_sync", self.param_tensors())  # the gather has not landed yet
-            if self.overlap:
-                self.finalize_deferred_gather()
-            return
+        on_phase(step, Phase.OPTIMIZER, self.optimizer_state())
         if self.overlap:
-            self.finalize_deferred_gather()
-        on_phase("param_sync", self.param_tensors())
-
-    def finalize_deferred_gather(self):
-        """Params are sampled only after the deferred gather has landed; then the groups are
-        re-armed so the next forward's pre-hooks still exercise the deferred path."""
-        ddp = self.ddp
-        if self.cfg.force_sync_each_step:
-            for g in ddp.layer_wise_overlap_groups():
-                ddp.start_param_sync(group=g)        # leave the gather pending
-            ddp.start_param_sync(force_sync=True)    # force_sync must finalize it
-            self.grad_buffer_clean = all(
-                int(torch.count_nonzero(b.grad_data)) == 0
-                for buf in ddp.all_buffers() if buf.key.is_layer_wise for b in buf.buckets)
+            self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.param_gather_groups()})
+            self.distopt.gather(only=ddp.eager_gather_buckets())
+            if cfg.force_sync_each_step:
+                self._force_sync()
+            ddp.enable_forward_pre_hook()  # after the first iteration (a no-op after that)
         else:
-            ddp.disable_forward_pre_hook(param_sync=True)
-            ddp.enable_forward_pre_hook()
-        if Fault.NO_REARM_AFTER_FORCE_SYNC not in self.cfg.faults:
-            ddp.reset_param_sync_dispatch_state()
+            self.layerwise.sync()
+            self.distopt.gather()
+        if not self.capture_at_consumption:
+            on_phase(step, Phase.PARAM_SYNC, self.param_tensors())
+
+    def flush(self, on_phase) -> None:
+        """After the last step: under overlap, one more forward (no backward) consumes the
+        params, which captures the last step's param_sync and closes its gather window."""
+        if self.window is None:
+            return
+        with torch.no_grad():
+            self._forward(self.window.step + 1, 0, on_phase)
+        self._close_gather_window()
+
+    def _forward(self, step: int, mb: int, on_phase):
+        cfg = self.cfg
+        tokens, labels = batch(cfg.seed, step, self.groups.dp_rank, cfg.model.micro_batch,
+                               cfg.model.seq_len, cfg.model.vocab_size, self.device, microbatch=mb)
+        for m in self.fp8_linears.values():
+            m.is_first_microbatch = mb == 0
+        capture = mb == 0 and self.window is not None and self.capture_at_consumption
+        self._capture = (on_phase, self.window.step) if capture else None
+        try:
+            out = self.model(tokens, labels)
+        finally:
+            self._capture = None
+        if capture:
+            on_phase(self.window.step, Phase.PARAM_SYNC, {})
+        return out
+
+    def _force_sync(self):
+        """force_sync as training runs it: gathers were launched (a schedule's param-sync call)
+        and disabling the pre-hooks with param_sync=True must finish them."""
+        ddp = self.ddp
+        ddp.start_param_sync()
+        ddp.disable_forward_pre_hook(param_sync=True)
+        self.grad_buffer_clean = all(
+            int(torch.count_nonzero(b.grad_data)) == 0
+            for buf in ddp.all_buffers() if buf.key.is_layer_wise for b in buf.buckets)
+
+    # -- param capture at consumption (overlap) ---------------------------------------------
+    def _install_param_capture(self):
+        """Observation hooks: registered after (and run after) the DDP's prepended pre-hooks,
+        so they see each module's params as its forward is about to use them."""
+        for m in self.model.modules():
+            own = [p for p in m.parameters(recurse=False) if p in self.names]
+            if own:
+                m.register_forward_pre_hook(self._capture_hook(own))
+        for m in self.fp8_linears.values():
+            m.weight_observer = self._observe_fp8_weight
+
+    def _capture_hook(self, own):
+        def hook(module, args):
+            if self.window is not None:
+                for p in own:
+                    g = self.ddp.group_of.get(id(p))
+                    if g in self.window.start and g not in self.window.first_use:
+                        self.window.first_use[g] = (self.names[p], g.param_gathers[self.window.start[g]:])
+            if self._capture is not None:
+                on_phase, step = self._capture
+                live = {self.names[p]: p.data for p in own if not is_quantized_param(p)}
+                if live:
+                    on_phase(step, Phase.PARAM_SYNC, live, complete=False)
+        return hook
+
+    def _observe_fp8_weight(self, module, qw):
+        if self._capture is not None:
+            on_phase, step = self._capture
+            on_phase(step, Phase.PARAM_SYNC, fp8_parts(self.names[module.weight], qw), complete=False)
+
+    def _close_gather_window(self):
+        w = self.window
+        if w is None:
+            return
+        w.total = {g: g.param_gathers[w.start[g]:] for g in w.start}
+        self.closed_windows.append(w)
+        self.window = None
+
+    def gather_report(self, w: GatherWindow) -> list[dict]:
+        """Per bucket group of a closed window: what it gathered, how, and before which use."""
+        rows = []
+        for i, g in enumerate(self.ddp.param_gather_groups()):
+            first, before = w.first_use.get(g, (None, []))
+            rows.append({"group": i, "first_param": first or self.names[g.params[-1]],
+                         "used": first is not None, "expect": 1 if g.gathers_params else 0,
+                         "before_first_use": list(before), "total": list(w.total.get(g, []))})
+        return rows
 
     def set_lr(self, step: int) -> None:
         """Both optimizers take this step's lr from the schedule (docs/spec/megatron.md s2.15)."""
@@ -257,10 +374,7 @@ class Stack:
                 m = self.fp8_linears.get(p)
                 qt = m.fp8_weight() if m is not None else None
             if qt is not None:
-                for part in FP8_PARTS:
-                    t = getattr(qt, part, None)
-                    if t is not None:
-                        out[f"{name}.fp8.{part}"] = t
+                out.update(fp8_parts(name, qt))
         return out
 
     def persistent_bytes(self) -> dict:
@@ -277,3 +391,13 @@ class Stack:
                         fp8_copy += m.fp8_weight().nbytes
         return {"muon_param_bytes": stored, "off_fp8_weight_copy_bytes": fp8_copy,
                 "muon_total_bytes": stored + fp8_copy}
+
+
+def fp8_parts(name: str, qt) -> dict:
+    """The raw parts of an FP8 weight, keyed as param_sync names them."""
+    out = {}
+    for part in FP8_PARTS:
+        t = getattr(qt, part, None)
+        if t is not None:
+            out[f"{name}.fp8.{part}"] = t
+    return out

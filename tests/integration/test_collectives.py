@@ -34,13 +34,20 @@ def bits(t: torch.Tensor) -> list[int]:
     return t.contiguous().view(INT_VIEW[t.dtype]).tolist()
 
 
+def gather_uneven(send, sizes, group):
+    """The uneven all-gather into a new flat buffer, split per rank (what the tests read)."""
+    out = torch.empty(sum(sizes), dtype=send.dtype)
+    C.all_gather_uneven_into(out, send, sizes, group)
+    return list(torch.split(out, sizes))
+
+
 def _rank_checks(ctx) -> dict:
     r = ctx.rank
     out: dict = {}
 
     # --- uneven all-gather: list variant, fp32 / bf16 / fp8
     for dtype in INT_VIEW:
-        got = C.all_gather_uneven(payload(r, SIZES[r], dtype), SIZES, None)
+        got = gather_uneven(payload(r, SIZES[r], dtype), SIZES, None)
         out[f"uneven/{dtype}"] = [bits(t) for t in got]
 
     # --- uneven all-gather into a view of a larger buffer, guarded on both sides
@@ -56,10 +63,18 @@ def _rank_checks(ctx) -> dict:
     C.all_gather_uneven_into(flat, flat[start : start + SIZES[r]], SIZES, None)
     out["into/aliased"] = bits(flat)
 
+    # --- asynchronous: one handle over the per-root broadcasts; the data is there after wait()
+    flat = torch.zeros(sum(SIZES), dtype=torch.bfloat16)
+    handle = C.all_gather_uneven_into(flat, payload(r, SIZES[r], torch.bfloat16), SIZES, None, async_op=True)
+    out["async/type"] = type(handle).__name__
+    handle.wait()
+    out["async/bits"] = bits(flat)
+    out["async/done"] = handle.is_completed()
+
     # --- argument errors are ValueErrors, raised before any traffic
     errors = []
-    for bad in (lambda: C.all_gather_uneven(torch.zeros(2), SIZES, None),  # wrong own size
-                lambda: C.all_gather_uneven(torch.zeros(SIZES[r]), SIZES[:3], None),
+    for bad in (lambda: C.all_gather_uneven_into(torch.zeros(9), torch.zeros(2), SIZES, None),  # wrong own size
+                lambda: C.all_gather_uneven_into(torch.zeros(9), torch.zeros(SIZES[r]), SIZES[:3], None),
                 lambda: C.all_gather_uneven_into(torch.zeros(3), torch.zeros(SIZES[r]), SIZES, None)):
         try:
             bad()
@@ -100,11 +115,10 @@ def _rank_checks(ctx) -> dict:
         "describe": pg.describe(),
     }
     # collectives on subgroups use group ranks: gather along EP, broadcast from expert-DP rank 1
-    got = C.all_gather_uneven(torch.full((pg.ep_rank + 1,), float(r)), [1, 2], pg.ep_group)
+    got = gather_uneven(torch.full((pg.ep_rank + 1,), float(r)), [1, 2], pg.ep_group)
     out["groups/ep_gather"] = [x.tolist() for x in got]
-    b = torch.tensor([float(r)])
-    C.broadcast(b, 1, pg.expt_dp_group)
-    out["groups/expt_dp_broadcast"] = b.item()
+    b = gather_uneven(torch.tensor([float(r)]), [1, 1], pg.expt_dp_group)
+    out["groups/expt_dp_gather"] = [x.item() for x in b]
     # size-1 groups (ep=1: one rank per EP group) are no-ops / local copies
     one = build_groups(1)
     x = torch.tensor([float(r)])
@@ -113,9 +127,9 @@ def _rank_checks(ctx) -> dict:
     y = torch.empty(1)
     C.all_gather_into(y, x, one.ep_group)
     out["groups/size1"] = (one.ep, one.expt_dp, x.item(), y.item(),
-                           [t.tolist() for t in C.all_gather_uneven(x, [1], one.ep_group)],
+                           [t.tolist() for t in gather_uneven(x, [1], one.ep_group)],
                            C.all_gather_object("o", one.ep_group))
-    C.barrier(None)
+    dist.barrier()
     return out
 
 
@@ -138,6 +152,13 @@ def test_all_gather_uneven_into_view_and_aliased_send(per_rank):
     for r, seen in enumerate(per_rank):
         assert seen["into/buffer"] == guard + bits(gathered) + guard, f"rank {r}: wrote outside the view"
         assert seen["into/aliased"] == bits(gathered), f"rank {r}"
+
+
+def test_all_gather_uneven_async_handle(per_rank):
+    gathered = torch.cat([payload(j, SIZES[j], torch.bfloat16) for j in range(WORLD)])
+    for r, seen in enumerate(per_rank):
+        assert seen["async/type"] == "WorkList" and seen["async/done"], f"rank {r}"
+        assert seen["async/bits"] == bits(gathered), f"rank {r}"
 
 
 def test_all_gather_uneven_argument_errors(per_rank):
@@ -171,7 +192,7 @@ def test_groups_world4_ep2(per_rank):
         assert g["sizes"] == (2, 2, 4)
         first = 0 if r < 2 else 2
         assert seen["groups/ep_gather"] == [[float(first)], [float(first + 1)] * 2]
-        assert seen["groups/expt_dp_broadcast"] == float(2 + r % 2)  # group rank 1 = global 2 or 3
+        assert seen["groups/expt_dp_gather"] == [float(r % 2), float(2 + r % 2)]  # group ranks 0, 1
     assert per_rank[1]["groups/ep2"]["describe"] == "rank 1/4: dp 1/4, ep 1/2 [0, 1], expt_dp 0/2 [1, 3]"
 
 

@@ -62,7 +62,7 @@ def test_on_equals_off_with_clip_cosine(single_rank, kw):
 def test_grad_stats_are_optimizer_phase_tensors(single_rank):
     st = stack(**OPTIM)
     seen = {}
-    st.step(0, lambda ph, t: seen.setdefault(ph, dict(t)))
+    st.step(0, lambda step, ph, t, complete=True: seen.setdefault(ph, {}).update(t))
     opt = seen["optimizer"]
     assert opt["grad_norm"].dtype == torch.float32 and opt["num_zeros"].dtype == torch.int64
     assert opt["clip_coef"].dtype == torch.float64
