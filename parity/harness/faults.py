@@ -36,6 +36,8 @@ CATALOGUE = {
     Fault.STAGING_NOT_PERSISTED: ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
     Fault.ROUTING_PREDICATE_MISMATCH: ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
                                    "LayerWise buffer that no optimizer steps", 21),
+    Fault.FTZ_SUBNORMAL_SCALE_INV: ("master -> FP8 write flushes a subnormal scale_inv (2^-127, a tiny "
+                                    "block's) to zero, as a fast-math (FTZ) cast kernel may", 22),
 }
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),

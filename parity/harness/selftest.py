@@ -20,6 +20,8 @@ SCENARIOS = {
     "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
     "w1-moe": dict(world=1, moe=True),
     "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
+    # experts on their own rank (expert-DP 1), a dead expert holding a tiny block (scales at the cap)
+    "w2-ep2-stress": dict(world=2, moe=True, ep=2, stress=["tiny_values", "dead_expert"]),
 }
 
 
@@ -63,6 +65,8 @@ CASES = {
     "gather-payload-not-zeroed": ("w4-overlap-pair", Expect("mismatch", phase="grad_reduce", step=1)),
     "staging-not-persisted": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
     "routing-predicate-mismatch": ("w2-adam-matrix", Expect("check", check="optimizer-coverage", step=-1)),
+    "ftz-subnormal-scale-inv": ("w2-ep2-stress", Expect("mismatch", phase="param_sync", step=0,
+                                                        tensor="experts.7.fc2.weight.fp8.")),
 }
 
 
