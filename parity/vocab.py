@@ -68,3 +68,4 @@ class Fault(StrEnum):
     STAGING_NOT_PERSISTED = "staging-not-persisted"
     ROUTING_PREDICATE_MISMATCH = "routing-predicate-mismatch"
     FTZ_SUBNORMAL_SCALE_INV = "ftz-subnormal-scale-inv"
+    STALE_SCALE_INV = "stale-scale-inv"

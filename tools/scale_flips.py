@@ -23,7 +23,7 @@ def _rank(ctx, scenario):
 
     from parity.distributed.groups import build_groups
     from parity.model import is_quantized_param
-    from parity.model.edges import block_states
+    from parity.model.edges import FlipCounter
     from parity.optim.stack import Stack
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch renames of collectives
@@ -31,16 +31,13 @@ def _rank(ctx, scenario):
     cfg = scenario.stack_configs()[0]  # the stack under test: FP8 params persisted
     stack = Stack(cfg, groups, torch.device(ctx.device))
     fp8 = [(stack.names[p], p) for p in stack.params if is_quantized_param(p)]
-    prev = {}
     rows = {name: [] for name, _ in fp8}
+    counters = {name: FlipCounter() for name, _ in fp8}  # per param: replicas are merged by name
 
     def observe(step):
         for name, p in fp8:
-            st = block_states(p.qt)
-            flips = int((st["code"] != prev[name]).sum()) if name in prev else 0
-            prev[name] = st["code"].clone()
-            rows[name].append({"step": step, "flips": flips, "zero": int(st["zero"].sum()),
-                               "clamp": int(st["clamp"].sum()), "blocks": int(st["code"].numel())})
+            r = counters[name].observe([(name, p.qt)])
+            rows[name].append({"step": step, **{k: r[k] for k in ("flips", "zero", "clamp", "blocks")}})
 
     observe(-1)  # init: the persisted bytes before any update
     for step in range(scenario.steps):
@@ -93,7 +90,7 @@ def main():
     if args.stress is not None:
         raw["stress"] = [] if args.stress == "none" else args.stress.split(",")
     s = make_scenario(raw, source="scale_flips")
-    per_rank = launch(_rank, launch_config(s, 60.0, False), s)
+    per_rank = launch(_rank, launch_config(s, 300.0, False), s)
     table, params = merge(per_rank)
     print(f"scenario {s.name}: recipe {s.recipe}, world {s.world}, ep {s.ep}, moe {s.moe}, lr {s.lr}, "
           f"stress {list(s.stress) or 'none'}; {len(params)} FP8 weights, {table[0]['blocks']} blocks")

@@ -38,6 +38,8 @@ CATALOGUE = {
                                    "LayerWise buffer that no optimizer steps", 21),
     Fault.FTZ_SUBNORMAL_SCALE_INV: ("master -> FP8 write flushes a subnormal scale_inv (2^-127, a tiny "
                                     "block's) to zero, as a fast-math (FTZ) cast kernel may", 22),
+    Fault.STALE_SCALE_INV: ("master -> FP8 write updates the bytes but not the scale_inv grid: "
+                            "invisible until a block's pow2 scale flips", 23),
 }
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),

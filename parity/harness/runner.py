@@ -239,11 +239,19 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
         res["steps"].append(step_rec)
         if opts.snapshot == "all" or (opts.snapshot == "divergent" and step_div):
             snaps[step] = _snapshot_tensors(caps_a, caps_b, step_div, opts.snapshot)
-        if opts.fail_fast and (step_div or any(not c["ok"] for c in res["checks"])):
-            break
+        if opts.fail_fast and _any_rank(step_div or any(not c["ok"] for c in res["checks"]), device):
+            break  # every rank stops at the same step, or those still stepping wait on the others
     res["snapshots"] = _write_snapshots(snaps, scenario, rank, opts) if snaps else []
     res["build_s"] = build_s
     return res
+
+
+def _any_rank(flag: bool, device) -> bool:
+    """True on every rank when ``flag`` is true on any (a divergence can be rank-local: an expert
+    lives on one EP rank only)."""
+    t = torch.tensor([int(bool(flag))], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop):

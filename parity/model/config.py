@@ -28,9 +28,10 @@ class InitEdges:
     ``448 * 2^k``: one bf16 ULP below it, exactly on it (the largest amax of the larger scale) or
     one ULP above it (the smallest amax of the smaller scale), so the first update flips scales."""
     tiny_values: bool = False
-    """The last block of every attn.qkv (and the dead expert's last fc2 block) holds values near
-    the bottom of fp32/bf16: amax ``448 * 2^-127`` (scale at the 2^127 cap, scale_inv subnormal),
-    ``2^-123`` (scale = Vinf clamp, E8M0 floor) or all bf16 subnormals."""
+    """The last block of every attn.qkv holds values near the bottom of fp32/bf16, by layer: amax
+    ``448 * 2^-127`` (scale at the 2^127 cap, scale_inv subnormal), ``2^-123`` (scale from the
+    Vinf clamp), all bf16 subnormals (amax ``2^-127``), and so on; the dead expert's last fc2 block
+    is all subnormal. Every one gets E8M0 0 under mxfp8."""
     dead_expert: bool = False
     """The last expert of every MoE layer is never routed (a -inf selection bias, Megatron's expert
     bias frozen) and its fc1 is zero-initialised: zero grads, all-zero blocks every step, and its

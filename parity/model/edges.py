@@ -136,7 +136,7 @@ def edit_init(w: torch.Tensor, name: str, edges: InitEdges, recipe: str, seed: i
         if name.endswith("attn.qkv.weight"):
             make_tiny(w[(rows - 1) // t * t:, (cols - 1) // t * t:], TINY_KINDS[layer % len(TINY_KINDS)])
         elif dead and name.endswith("fc2.weight"):
-            make_tiny(w[(rows - 1) // t * t:, (cols - 1) // t * t:], "vinf")
+            make_tiny(w[(rows - 1) // t * t:, (cols - 1) // t * t:], "subnormal")
     if edges.zero_blocks:
         if name.endswith("fc1.weight"):  # [gate; up]: the same units in both halves
             ffn, n = rows // 2, _zero_units(rows // 2)
@@ -190,3 +190,28 @@ def block_states(qt) -> dict:
     else:
         raise ValueError(f"block_states reads weight blocks (128x128 or 1x32), got {qt.recipe}/{qt.block}")
     return {"code": code, "zero": zero, "clamp": clamp}
+
+
+class FlipCounter:
+    """Counts, step after step, weight blocks whose scale changed since the last look, all-zero
+    blocks and clamped blocks (see :func:`block_states`) over named QuantizedTensors."""
+
+    def __init__(self):
+        self.codes: dict = {}
+
+    def observe(self, weights) -> dict:
+        """``weights``: (name, QuantizedTensor) pairs. Returns totals and, per param, its flips
+        (the first look counts no flips)."""
+        out = {"flips": 0, "zero": 0, "clamp": 0, "blocks": 0, "flipped": {}}
+        for name, qt in weights:
+            st = block_states(qt)
+            prev = self.codes.get(name)
+            n = 0 if prev is None else int((st["code"] != prev).sum())
+            self.codes[name] = st["code"].clone()
+            out["flips"] += n
+            out["zero"] += int(st["zero"].sum())
+            out["clamp"] += int(st["clamp"].sum())
+            out["blocks"] += int(st["code"].numel())
+            if n:
+                out["flipped"][name] = n
+        return out
