@@ -20,8 +20,9 @@ SCENARIOS = {
     "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
     "w1-moe": dict(world=1, moe=True),
     "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
-    # experts on their own rank (expert-DP 1), a dead expert holding a tiny block (scales at the cap)
-    "w2-ep2-stress": dict(world=2, moe=True, ep=2, stress=["tiny_values", "dead_expert"]),
+    # experts written from their masters on their own rank (expert-DP 1); pow2-edge blocks flip
+    # at step 0; a dead expert keeps a tiny block (scale at the 2^127 cap) all along
+    "w2-ep2-stress": dict(world=2, moe=True, ep=2, stress=["pow2_edge", "tiny_values", "dead_expert"]),
 }
 
 
@@ -67,6 +68,7 @@ CASES = {
     "routing-predicate-mismatch": ("w2-adam-matrix", Expect("check", check="optimizer-coverage", step=-1)),
     "ftz-subnormal-scale-inv": ("w2-ep2-stress", Expect("mismatch", phase="param_sync", step=0,
                                                         tensor="experts.7.fc2.weight.fp8.")),
+    "stale-scale-inv": ("w2-ep2-stress", Expect("mismatch", phase="param_sync", step=0, tensor=".fp8.")),
 }
 
 
