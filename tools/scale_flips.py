@@ -1,8 +1,9 @@
 """When do FP8 weight scales flip? Steps a scenario's stack under test (FP8 param gather ON) on
 its own ranks and prints, per step, how many weight blocks changed their scale exponent, how many
 are all zero (zero rule), and how many sit at the bottom clamp (blockwise scale 2^127 / mxfp8
-E8M0 0), read from the persisted FP8 weights after each step's param sync. Prints numbers;
-asserts nothing.
+E8M0 0), read from the persisted FP8 weights after each step's param sync. A flip is a scale
+change of a block that is non-zero before and after (a pow2 exponent step); blocks leaving the
+zero rule are counted apart. Prints numbers; asserts nothing.
 
     python tools/scale_flips.py [SCENARIO] [--steps N] [--lr LR] [--stress a,b|none] [--json FILE]
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+KEYS = ("flips", "unzeroed", "zero", "clamp", "blocks")
 
 
 def _rank(ctx, scenario):
@@ -37,7 +40,7 @@ def _rank(ctx, scenario):
     def observe(step):
         for name, p in fp8:
             r = counters[name].observe([(name, p.qt)])
-            rows[name].append({"step": step, **{k: r[k] for k in ("flips", "zero", "clamp", "blocks")}})
+            rows[name].append({"step": step, **{k: r[k] for k in KEYS}})
 
     observe(-1)  # init: the persisted bytes before any update
     for step in range(scenario.steps):
@@ -57,7 +60,7 @@ def merge(per_rank: list[dict]) -> tuple[list[dict], dict]:
     table = []
     for i in range(steps):
         t = {"step": params[next(iter(params))][i]["step"]}
-        for k in ("flips", "zero", "clamp", "blocks"):
+        for k in KEYS:
             t[k] = sum(r[i][k] for r in params.values())
         t["params_flipped"] = sorted(n for n, r in params.items() if r[i]["flips"])
         table.append(t)
@@ -94,11 +97,13 @@ def main():
     table, params = merge(per_rank)
     print(f"scenario {s.name}: recipe {s.recipe}, world {s.world}, ep {s.ep}, moe {s.moe}, lr {s.lr}, "
           f"stress {list(s.stress) or 'none'}; {len(params)} FP8 weights, {table[0]['blocks']} blocks")
-    print("| step | scale flips | params with a flip | all-zero blocks | clamped blocks |")
-    print("|---|---|---|---|---|")
+    print("| step | pow2 scale flips | params with a flip | zero -> non-zero | all-zero blocks | "
+          "clamped blocks |")
+    print("|---|---|---|---|---|---|")
     for t in table:
         step = "init" if t["step"] < 0 else t["step"]
-        print(f"| {step} | {t['flips']} | {len(t['params_flipped'])} | {t['zero']} | {t['clamp']} |")
+        print(f"| {step} | {t['flips']} | {len(t['params_flipped'])} | {t['unzeroed']} | {t['zero']} | "
+              f"{t['clamp']} |")
     first = next((t for t in table if t["flips"]), None)
     if first is None:
         print(f"first flip: none in {s.steps} steps")

@@ -20,13 +20,15 @@ class InitEdges:
     """
 
     zero_blocks: bool = False
-    """Whole blocks exactly zero: a 128-unit stripe of every SwiGLU (its fc1 gate and up rows and
-    its fc2 columns: dead units whose rows/columns get zero grads and stay zero, row- and
-    columnwise) and the first 128x128 tile of every attn.proj (filled by the first update)."""
+    """Blocks exactly zero in both orientations: a stripe of dead units in every SwiGLU (128 units,
+    whole 128x128 tiles, when it has 256 or more; its fc1 gate and up rows and its fc2 columns,
+    which get zero grads and stay zero) and the first 128x128 tile of every attn.proj (filled by
+    the first update)."""
     pow2_edge: bool = False
-    """Every other block of every FP8 matrix scaled so its amax sits on the pow2 scale boundary
-    ``448 * 2^k``: one bf16 ULP below it, exactly on it (the largest amax of the larger scale) or
-    one ULP above it (the smallest amax of the smaller scale), so the first update flips scales."""
+    """Every block of every FP8 matrix (but the zero and tiny ones) scaled so its amax sits at a
+    pow2 scale boundary ``448 * 2^k``: one bf16 ULP below it, on it (the largest amax of the larger
+    scale) or one ULP above it (the smallest amax of the smaller scale), cycled over the blocks;
+    the first update flips scales."""
     tiny_values: bool = False
     """The last block of every attn.qkv holds values near the bottom of fp32/bf16, by layer: amax
     ``448 * 2^-127`` (scale at the 2^127 cap, scale_inv subnormal), ``2^-123`` (scale from the

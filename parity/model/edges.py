@@ -193,25 +193,29 @@ def block_states(qt) -> dict:
 
 
 class FlipCounter:
-    """Counts, step after step, weight blocks whose scale changed since the last look, all-zero
-    blocks and clamped blocks (see :func:`block_states`) over named QuantizedTensors."""
+    """Counts, look after look, weight blocks whose scale changed since the previous look
+    (``flips``: non-zero at both looks, so the pow2 exponent moved; ``unzeroed``: all zero before,
+    not now), all-zero blocks and clamped blocks (see :func:`block_states`)."""
 
     def __init__(self):
-        self.codes: dict = {}
+        self.prev: dict = {}
 
     def observe(self, weights) -> dict:
-        """``weights``: (name, QuantizedTensor) pairs. Returns totals and, per param, its flips
-        (the first look counts no flips)."""
-        out = {"flips": 0, "zero": 0, "clamp": 0, "blocks": 0, "flipped": {}}
+        """``weights``: (name, QuantizedTensor) pairs. Totals over them, and per param its flips
+        (the first look of a param counts no changes)."""
+        out = {"flips": 0, "unzeroed": 0, "zero": 0, "clamp": 0, "blocks": 0, "flipped": {}}
         for name, qt in weights:
             st = block_states(qt)
-            prev = self.codes.get(name)
-            n = 0 if prev is None else int((st["code"] != prev).sum())
-            self.codes[name] = st["code"].clone()
-            out["flips"] += n
+            if name in self.prev:
+                code, zero = self.prev[name]
+                moved = st["code"] != code
+                n = int((moved & ~zero & ~st["zero"]).sum())
+                out["unzeroed"] += int((zero & ~st["zero"]).sum())
+                if n:
+                    out["flipped"][name] = n
+                out["flips"] += n
+            self.prev[name] = (st["code"].clone(), st["zero"].clone())
             out["zero"] += int(st["zero"].sum())
             out["clamp"] += int(st["clamp"].sum())
             out["blocks"] += int(st["code"].numel())
-            if n:
-                out["flipped"][name] = n
         return out

@@ -284,3 +284,25 @@ def test_quantize_sees_zero_and_tiny_blocks_as_the_spec_says():
     n = 256 * 8
     assert st["zero"][:n].view(256, 8)[:128, :4].all() and st["zero"][n:].view(8, 256)[:4, :128].all()
     assert st["clamp"][:n].view(256, 8)[128:, 4:].all() and not st["clamp"][:n].view(256, 8)[:128].any()
+
+
+def test_flip_counter_tells_pow2_flips_from_blocks_leaving_zero():
+    from parity.model.edges import FlipCounter
+
+    x = torch.randn(256, 256) * 0.02
+    x[:128, :128] = 0
+    b = pow2_boundary(float(x[128:, :128].abs().max()))
+    x[128:, :128] *= b / float(x[128:, :128].abs().max())  # amax exactly on the boundary
+    x = x.to(torch.bfloat16)
+    qt = quantize_weight(x, "blockwise")
+    c = FlipCounter()
+    first = c.observe([("w", qt)])
+    assert (first["flips"], first["unzeroed"], first["zero"], first["blocks"]) == (0, 0, 1, 4)
+    y = x.clone()
+    y[:128, :128] = 0.01                            # leaves the zero rule
+    y[128, 0] = _bf16_step(b, 1)                   # the tile's amax one ULP above the boundary
+    y[:128, 128:] *= 1.0 + 2.0 ** -8               # too little to cross a boundary
+    qt.requantize_(y)
+    second = c.observe([("w", qt)])
+    assert (second["flips"], second["unzeroed"], second["zero"]) == (1, 1, 0)
+    assert second["flipped"] == {"w": 1}
