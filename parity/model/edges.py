@@ -73,16 +73,15 @@ def _tiles(rows: int, cols: int, t: int):
             yield r0, c0, min(r0 + t, rows), min(c0 + t, cols)
 
 
-def _edge_positions(h: int, w: int, recipe: str, g: torch.Generator) -> list[tuple[int, int]]:
-    """Elements that carry a tile's amax. mxfp8: one per row and per column (a permutation), so
-    every 1x32 and every 32x1 block of the tile has its amax on the edge; blockwise: one element
-    (the 128x128 tile has one scale)."""
+def _edge_positions(h: int, w: int, recipe: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols) of the elements that carry a tile's amax. mxfp8: one per row and per column (a
+    permutation), so every 1x32 and every 32x1 block of the tile has its amax on the edge;
+    blockwise: one element (the 128x128 tile has one scale)."""
     if recipe == "mxfp8":
         n = min(h, w)
-        cols = torch.randperm(w, generator=g)[:n].tolist()
-        return list(zip(range(n), cols))
-    i = int(torch.randint(h * w, (1,), generator=g))
-    return [(i // w, i % w)]
+        return torch.arange(n), torch.randperm(w, generator=g)[:n]
+    i = torch.randint(h * w, (1,), generator=g)
+    return i // w, i % w
 
 
 def place_pow2_edges(w: torch.Tensor, name: str, recipe: str, seed: int) -> None:
@@ -96,11 +95,10 @@ def place_pow2_edges(w: torch.Tensor, name: str, recipe: str, seed: int) -> None
         b = pow2_boundary(a)
         edge = edge_value(a, EDGE_POSITIONS[n % len(EDGE_POSITIONS)])
         cap = _bf16_step(b, -1)  # every other element stays strictly on the large-scale side
-        pos = _edge_positions(r1 - r0, c1 - c0, recipe, g)
-        signs = [1.0 if float(tile[i, j]) >= 0 else -1.0 for i, j in pos]
+        rows, cols = _edge_positions(r1 - r0, c1 - c0, recipe, g)
+        signs = torch.where(tile[rows, cols] >= 0, 1.0, -1.0)
         tile.copy_(_bf16(tile * (b / a)).clamp_(-cap, cap))
-        for (i, j), s in zip(pos, signs):
-            tile[i, j] = s * edge
+        tile[rows, cols] = signs * edge
 
 
 def make_tiny(tile: torch.Tensor, kind: str) -> None:
