@@ -306,3 +306,16 @@ def test_flip_counter_tells_pow2_flips_from_blocks_leaving_zero():
     second = c.observe([("w", qt)])
     assert (second["flips"], second["unzeroed"], second["zero"]) == (1, 1, 0)
     assert second["flipped"] == {"w": 1}
+
+
+def test_stress_in_a_matrix_is_a_value_or_an_axis(tmp_path):
+    from parity.harness.scenario import load_file
+
+    f = tmp_path / "m.toml"
+    f.write_text('[matrix]\nname = "s-{recipe}-{stress}"\nrecipe = ["blockwise", "mxfp8"]\n'
+                 'stress = ["pow2_edge", "zero_blocks"]\n')
+    got = {s.name: s.stress for s in load_file(f)}
+    assert got == {"s-blockwise-pow2_edge+zero_blocks": ("pow2_edge", "zero_blocks"),
+                   "s-mxfp8-pow2_edge+zero_blocks": ("pow2_edge", "zero_blocks")}
+    f.write_text('[matrix]\nname = "s-{stress}"\nstress = [[], ["tiny_values"]]\n')
+    assert {s.name: s.stress for s in load_file(f)} == {"s-none": (), "s-tiny_values": ("tiny_values",)}
