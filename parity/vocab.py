@@ -75,3 +75,5 @@ class Fault(StrEnum):
     WAIT_WRONG_HANDLE = "wait-wrong-handle"
     FP8_CACHE_NOT_REFRESHED = "fp8-cache-not-refreshed"
     PAYLOAD_IN_GRAD_DURING_ACCUMULATION = "payload-in-grad-during-accumulation"
+    FTZ_SUBNORMAL_SCALE_INV = "ftz-subnormal-scale-inv"
+    STALE_SCALE_INV = "stale-scale-inv"

@@ -56,6 +56,10 @@ CATALOGUE = {
     Fault.PAYLOAD_IN_GRAD_DURING_ACCUMULATION: ("the deferred gather is re-armed before every microbatch: later "
                                                 "microbatches gather into (and zero) the grads accumulated so "
                                                 "far", 16),
+    Fault.FTZ_SUBNORMAL_SCALE_INV: ("master -> FP8 write flushes a subnormal scale_inv (2^-127, a tiny "
+                                    "block's) to zero, as a fast-math (FTZ) cast kernel may", 25),
+    Fault.STALE_SCALE_INV: ("master -> FP8 write updates the bytes but not the scale_inv grid: "
+                            "invisible until a block's pow2 scale flips", 26),
 }
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),

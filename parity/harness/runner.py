@@ -203,8 +203,8 @@ class LockstepRunner:
         for step in range(start, steps):
             self._run_step(step)
             last = step
-            if self.stopped:
-                break
+            if self.opts.fail_fast and _any_rank(self.stopped, self.device):
+                break  # every rank stops at the same step, or those still stepping wait on the others
         self._flush(last)
         if self.snaps:
             self.result.snapshots = _write_snapshots(self.snaps, self.scenario, self.rank, self.opts)
@@ -475,6 +475,14 @@ class LockstepRunner:
             if self.opts.fail_fast and (step_div or any(not c["ok"] for c in res.checks)):
                 self.stopped = True
             del self.states[step]
+
+
+def _any_rank(flag: bool, device) -> bool:
+    """True on every rank when ``flag`` is true on any (a divergence can be rank-local: an expert
+    lives on one EP rank only)."""
+    t = torch.tensor([int(bool(flag))], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop):

@@ -22,6 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 from parity.ddp.ddp import DDPConfig
 from parity.harness.errors import ConfigError
 from parity.model import ModelConfig
+from parity.model.config import InitEdges
 from parity.optim.stack import OptimConfig, StackConfig
 from parity.vocab import Recipe
 
@@ -83,6 +84,9 @@ class Scenario:
     """'cpu' (gloo) or 'cuda' (NCCL, one rank per GPU)."""
     model: dict = field(default_factory=dict)
     """Overrides of ModelConfig fields."""
+    stress: tuple = ()
+    """Numeric-edge init edits (InitEdges names: zero_blocks, pow2_edge, tiny_values,
+    dead_expert); the same edits on both sides."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
@@ -91,7 +95,7 @@ class Scenario:
         return self.world
 
     def model_config(self) -> ModelConfig:
-        return ModelConfig(**{"moe": self.moe, **self.model})
+        return ModelConfig(**{"moe": self.moe, **self.model, "edges": InitEdges.from_names(self.stress)})
 
     def stack_configs(self, faults=frozenset()) -> tuple[StackConfig, StackConfig]:
         """(A, B) = the knob ON and OFF. Faults apply to A (the stack under test) only."""
@@ -120,13 +124,15 @@ class Scenario:
                            num_distributed_optimizer_instances=self.num_distributed_optimizer_instances)
 
     def fingerprint(self) -> str:
-        d = dataclasses.asdict(self)
-        d.pop("source")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source")
+        if not d["stress"]:
+            d.pop("stress")  # a scenario without stress edits keeps its fingerprint (and golden)
+        else:
+            d["stress"] = list(d["stress"])
         return d
 
 
@@ -135,7 +141,8 @@ TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "over
          "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "microbatches": int,
          "lr": float, "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
          "lr_decay_style": str, "lr_warmup_steps": int, "lr_decay_steps": (int, type(None)),
-         "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int}
+         "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int,
+         "stress": (list, tuple)}
 
 
 def _err(src, key, msg):
@@ -163,6 +170,14 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+=\-\[\]]*", raw["name"]) or ".." in raw["name"]:
         raise _err(source, "name", f"{raw['name']!r}: use letters, digits and _ . + = - [ ] only "
                    f"(it names golden and snapshot directories)")
+    if "stress" in raw:
+        raw["stress"] = tuple(raw["stress"])
+        bad = [v for v in raw["stress"] if v not in InitEdges.names()]
+        if bad:
+            raise _err(source, "stress", f"{', '.join(map(repr, bad))} not allowed; allowed: "
+                       f"{', '.join(InitEdges.names())}")
+        if len(set(raw["stress"])) != len(raw["stress"]):
+            raise _err(source, "stress", f"duplicate option in {list(raw['stress'])}")
     s = Scenario(**raw, source=source)
     src = source
 
@@ -193,7 +208,7 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
         raise _err(src, "pair", f"pair '{s.pair}' needs world >= 2 (no gather at world 1)")
     if s.pair == "force_sync" and s.layout != "compact":
         raise _err(src, "pair", "pair 'force_sync' needs the compact layout")
-    allowed_model = [f.name for f in dataclasses.fields(ModelConfig)]
+    allowed_model = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "edges"]
     for k in s.model:
         if k not in allowed_model:
             raise _err(src, f"model.{k}", f"unknown model key; allowed: {', '.join(allowed_model)}")
@@ -268,8 +283,11 @@ def load_file(path) -> list[Scenario]:
 def _expand(matrix: dict, src) -> list[dict]:
     if "name" not in matrix or not isinstance(matrix["name"], str):
         raise _err(src, "matrix.name", "a matrix needs a name template such as '{recipe}-ep{ep}'")
-    axes = {k: v for k, v in matrix.items() if isinstance(v, list) and k != "exclude"}
-    fixed = {k: v for k, v in matrix.items() if not isinstance(v, list) and k not in ("name", "exclude")}
+    def is_axis(k, v):  # `stress` is itself a list: an axis only as a list of lists
+        return isinstance(v, list) and k != "exclude" and (k != "stress" or bool(v) and all(isinstance(x, list) for x in v))
+
+    axes = {k: v for k, v in matrix.items() if is_axis(k, v)}
+    fixed = {k: v for k, v in matrix.items() if not is_axis(k, v) and k not in ("name", "exclude")}
     excludes = matrix.get("exclude", [])
     out = []
     for combo in itertools.product(*axes.values()):
@@ -292,6 +310,8 @@ def _expand(matrix: dict, src) -> list[dict]:
 def _fmt(v):
     if isinstance(v, bool):
         return "on" if v else "off"
+    if isinstance(v, list):
+        return "+".join(map(str, v)) or "none"
     return v
 
 

@@ -26,6 +26,9 @@ SCENARIOS = {
     "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
     "w2-fp8-head": dict(world=2, model={"fp8_head": True}),
     "w4-moe-clip": dict(world=4, moe=True, ep=2, clip_grad=1.0),
+    # experts written from their masters on their own rank (expert-DP 1); pow2-edge blocks flip
+    # at step 0; a dead expert keeps a tiny block (scale at the 2^127 cap) all along
+    "w2-ep2-stress": dict(world=2, moe=True, ep=2, stress=["pow2_edge", "tiny_values", "dead_expert"]),
 }
 
 
@@ -82,6 +85,9 @@ CASES = {
     "fp8-cache-not-refreshed": ("w2-bf16-overlap-pair-mb2", Expect("mismatch", phase="param_sync", step=0,
                                                                     tensor=".fp8.")),
     "payload-in-grad-during-accumulation": ("w2-overlap-mb2", Expect("check", check="param-gather-once", step=0)),
+    "ftz-subnormal-scale-inv": ("w2-ep2-stress", Expect("mismatch", phase="param_sync", step=0,
+                                                        tensor="experts.7.fc2.weight.fp8.")),
+    "stale-scale-inv": ("w2-ep2-stress", Expect("mismatch", phase="param_sync", step=0, tensor=".fp8.")),
 }
 
 

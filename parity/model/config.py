@@ -2,11 +2,57 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from parity.vocab import Recipe
 
 RECIPES = tuple(Recipe)
+
+
+@dataclass(frozen=True)
+class InitEdges:
+    """Edits of the init that put FP8 at its numeric edges within the first steps.
+
+    Applied deterministically to the high-precision init (parity/model/edges.py), before the ON
+    side persists its FP8 weights and before any master exists, so both sides start from the same
+    bits. Blocks are the weight blocks of the recipe: 128x128 tiles (blockwise), 1x32 / 32x1
+    (mxfp8).
+    """
+
+    zero_blocks: bool = False
+    """Blocks exactly zero in both orientations: a stripe of dead units in every SwiGLU (128 units,
+    whole 128x128 tiles, when it has 256 or more; its fc1 gate and up rows and its fc2 columns,
+    which get zero grads and stay zero) and the first 128x128 tile of every attn.proj (filled by
+    the first update)."""
+    pow2_edge: bool = False
+    """Every block of every FP8 matrix (but the zero and tiny ones) scaled so its amax sits at a
+    pow2 scale boundary ``448 * 2^k``: one bf16 ULP below it, on it (the largest amax of the larger
+    scale) or one ULP above it (the smallest amax of the smaller scale), cycled over the blocks;
+    the first update flips scales."""
+    tiny_values: bool = False
+    """The last block of every attn.qkv holds values near the bottom of fp32/bf16, by layer: amax
+    ``448 * 2^-127`` (scale at the 2^127 cap, scale_inv subnormal), ``2^-123`` (scale from the
+    Vinf clamp), all bf16 subnormals (amax ``2^-127``), and so on; the dead expert's last fc2 block
+    is all subnormal. Every one gets E8M0 0 under mxfp8."""
+    dead_expert: bool = False
+    """The last expert of every MoE layer is never routed (a -inf selection bias, Megatron's expert
+    bias frozen) and its fc1 is zero-initialised: zero grads, all-zero blocks every step, and its
+    fc2 only decays (so the tiny and edge blocks in it persist)."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_names(cls, names) -> "InitEdges":
+        """From a list of option names; ValueError naming the allowed ones for anything else."""
+        bad = [n for n in names if n not in cls.names()]
+        if bad:
+            raise ValueError(f"unknown stress option(s) {bad}; allowed: {', '.join(cls.names())}")
+        return cls(**{n: True for n in names})
+
+    def enabled(self) -> tuple[str, ...]:
+        return tuple(n for n in self.names() if getattr(self, n))
 
 
 @dataclass(frozen=True)
@@ -44,6 +90,8 @@ class ModelConfig:
     """Make the output projection an FP8 linear. It stays an Adam (DistOpt) param, so with fp8 param
     gather ON it is an FP8 param in a ``uint8`` DistOpt buffer next to the LayerWise buckets
     (docs/spec/megatron.md s5 item 20); OFF quantizes its bf16 weight on the fly."""
+    edges: InitEdges = field(default_factory=InitEdges)
+    """Numeric-edge edits of the init (the scenario key ``stress``)."""
 
     def __post_init__(self):
         def need(cond, msg):
@@ -59,6 +107,12 @@ class ModelConfig:
         need(self.moe_topk <= self.num_experts,
              f"moe_topk ({self.moe_topk}) must be <= num_experts ({self.num_experts})")
         need(self.init_std > 0, "init_std must be > 0")
+        need(isinstance(self.edges, InitEdges), f"edges must be an InitEdges, got {self.edges!r}")
+        if self.edges.dead_expert:
+            need(self.moe, "stress option 'dead_expert' needs moe = true")
+            need(self.num_experts > self.moe_topk,
+                 f"stress option 'dead_expert' needs num_experts ({self.num_experts}) > "
+                 f"moe_topk ({self.moe_topk}): the router must still find moe_topk live experts")
 
     @property
     def head_dim(self) -> int:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parity.model.config import ModelConfig
+from parity.model.edges import edit_init
 from parity.model.fp8_linear import FP8Linear
 from parity.model.moe import MoE, SwiGLU
 
@@ -80,9 +81,14 @@ class GPT(nn.Module):
             raise ValueError(f"num_experts ({cfg.num_experts}) must be divisible by ep ({ep_size})")
         H, std = cfg.hidden, cfg.init_std
 
-        def lin(name, out_f, in_f):
-            return FP8Linear(in_f, out_f, recipe, init_value(seed, name, (out_f, in_f), std).to(device),
-                             fp8_param)
+        edges = cfg.edges
+        dead_expert = cfg.num_experts - 1 if edges.dead_expert else None
+
+        def lin(name, out_f, in_f, layer=0, dead=False):
+            init = init_value(seed, name, (out_f, in_f), std)
+            if edges.enabled():  # before ON persists FP8 bytes and before any master exists
+                init = edit_init(init, name, edges, recipe, seed, layer=layer, dead=dead)
+            return FP8Linear(in_f, out_f, recipe, init.to(device), fp8_param)
 
         self.embed = nn.Embedding(cfg.vocab_size, H)
         self.embed.weight = nn.Parameter(
@@ -93,23 +99,24 @@ class GPT(nn.Module):
         layers = []
         for i in range(cfg.num_layers):
             p = f"layers.{i}"
-            attn = Attention(cfg, lin(f"{p}.attn.qkv.weight", 3 * H, H), lin(f"{p}.attn.proj.weight", H, H))
+            attn = Attention(cfg, lin(f"{p}.attn.qkv.weight", 3 * H, H, i), lin(f"{p}.attn.proj.weight", H, H, i))
             if cfg.is_moe_layer(i):
                 per = cfg.num_experts // ep_size
                 F_ = cfg.moe_ffn_hidden
                 experts = {
-                    e: SwiGLU(lin(f"{p}.mlp.experts.{e}.fc1.weight", 2 * F_, H),
-                              lin(f"{p}.mlp.experts.{e}.fc2.weight", H, F_))
+                    e: SwiGLU(lin(f"{p}.mlp.experts.{e}.fc1.weight", 2 * F_, H, i, e == dead_expert),
+                              lin(f"{p}.mlp.experts.{e}.fc2.weight", H, F_, i, e == dead_expert))
                     for e in range(ep_rank * per, (ep_rank + 1) * per)
                 }
                 router = init_value(seed, f"{p}.mlp.router.weight", (cfg.num_experts, H), std).to(device)
-                mlp = MoE(router, experts, cfg.num_experts, cfg.moe_topk, ep_size, ep_rank, ep_group)
+                mlp = MoE(router, experts, cfg.num_experts, cfg.moe_topk, ep_size, ep_rank, ep_group,
+                          dead_experts=() if dead_expert is None else (dead_expert,))
                 for e in experts.values():
                     for w in (e.fc1.weight, e.fc2.weight):
                         w.allreduce = False  # expert-parallel: reduced over expert-DP only
             else:
-                mlp = SwiGLU(lin(f"{p}.mlp.fc1.weight", 2 * cfg.ffn_hidden, H),
-                             lin(f"{p}.mlp.fc2.weight", H, cfg.ffn_hidden))
+                mlp = SwiGLU(lin(f"{p}.mlp.fc1.weight", 2 * cfg.ffn_hidden, H, i),
+                             lin(f"{p}.mlp.fc2.weight", H, cfg.ffn_hidden, i))
             layers.append(Block(RMSNorm(H, device), attn, RMSNorm(H, device), mlp))
         self.layers = nn.ModuleList(layers)
         self.final_norm = RMSNorm(H, device)

@@ -53,11 +53,13 @@ class MoE(nn.Module):
     """Top-k router (a bf16 matrix: Muon-managed, never quantized) over experts spread on EP ranks.
 
     ``experts`` holds only this rank's experts, keyed by their global index, so parameter names
-    and init values do not depend on the EP size.
+    and init values do not depend on the EP size. ``dead_experts`` are never selected: a -inf
+    selection bias (Megatron's expert bias, used for top-k selection only, here frozen); the
+    combine weights stay the router's probabilities.
     """
 
     def __init__(self, router_init: torch.Tensor, experts: dict[int, nn.Module], num_experts: int,
-                 topk: int, ep_size: int, ep_rank: int, ep_group):
+                 topk: int, ep_size: int, ep_rank: int, ep_group, dead_experts=()):
         super().__init__()
         self.router = nn.Linear(router_init.shape[1], router_init.shape[0], bias=False)
         self.router.weight = nn.Parameter(router_init.to(torch.bfloat16))
@@ -66,13 +68,22 @@ class MoE(nn.Module):
         self.ep_size, self.ep_rank = ep_size, ep_rank
         self.ep_group = ep_group if ep_size > 1 else None
         self.per_rank = num_experts // ep_size
+        bias = None
+        if dead_experts:
+            bias = torch.zeros(num_experts, dtype=torch.float32, device=router_init.device)
+            bias[list(dead_experts)] = float("-inf")
+        self.register_buffer("selection_bias", bias, persistent=False)
 
     def forward(self, h):
         shape = h.shape
         h = h.reshape(-1, shape[-1])
         T, k = h.shape[0], self.topk
         probs = torch.softmax(self.router(h).float(), dim=-1)
-        weights, chosen = torch.topk(probs, k, dim=-1)
+        if self.selection_bias is None:
+            weights, chosen = torch.topk(probs, k, dim=-1)
+        else:
+            chosen = torch.topk(probs + self.selection_bias, k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
 
         # Assignments (token, slot) sorted by expert; ties keep token order (keys are unique).
         expert_of = chosen.reshape(-1)

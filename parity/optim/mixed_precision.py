@@ -32,10 +32,27 @@ def make_master(p, device, faults=frozenset()) -> torch.Tensor:
 
 def copy_master_to_param(p, master, faults=frozenset()) -> None:
     """bf16 params get bf16(master) (round to nearest even); FP8 params get Q(bf16(master)),
-    exactly what OFF's forward quantizes from its bf16 weight."""
+    exactly what OFF's forward quantizes from its bf16 weight, subnormal scale_inv included
+    (a tiny block's 2^-127, docs/spec/te.md s1.2)."""
     if is_quantized_param(p):
         src = master if Fault.FP32_MASTER_DIRECT_TO_FP8 in faults else master.to(torch.bfloat16)
-        p.qt.requantize_(src)
+        _write_bytes_only(p.qt, src) if Fault.STALE_SCALE_INV in faults else p.qt.requantize_(src)
+        if Fault.FTZ_SUBNORMAL_SCALE_INV in faults and p.qt.recipe == "blockwise":
+            _flush_subnormals_(p.qt.rowwise_scale_inv)
         p.qt.post_all_gather_processing()
     else:
         p.data.copy_(master)
+
+
+def _flush_subnormals_(t: torch.Tensor) -> None:
+    """What a flush-to-zero (fast-math) kernel does to subnormal fp32 values (a fault, never the
+    stack's own path; docs/spec/te.md s1.7)."""
+    t.masked_fill_(t.abs() < torch.finfo(torch.float32).tiny, 0.0)
+
+
+def _write_bytes_only(qt, src) -> None:
+    """A write that forgets the scales (a fault): fresh FP8 bytes, the old scale_inv grid kept."""
+    fresh = qt.clone().requantize_(src)
+    qt.rowwise_data.copy_(fresh.rowwise_data)
+    if qt.recipe == "mxfp8":  # its columnwise bytes are quantized, not transposed (docs/spec/te.md s2.4)
+        qt.columnwise_data.copy_(fresh.columnwise_data)
