@@ -67,3 +67,4 @@ class Fault(StrEnum):
     GATHER_PAYLOAD_NOT_ZEROED = "gather-payload-not-zeroed"
     STAGING_NOT_PERSISTED = "staging-not-persisted"
     ROUTING_PREDICATE_MISMATCH = "routing-predicate-mismatch"
+    PADDING_ONLY_SHARD = "padding-only-shard"

@@ -36,10 +36,10 @@ CATALOGUE = {
     Fault.STAGING_NOT_PERSISTED: ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
     Fault.ROUTING_PREDICATE_MISMATCH: ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
                                    "LayerWise buffer that no optimizer steps", 21),
+    Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
+                               "only alignment padding", 12),
 }
-PENDING = {
-    "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
-}
+PENDING: dict = {}
 # Faults in the harness rather than the stack.
 HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE, Fault.ZEROS_VS_ZEROS}
 

@@ -20,11 +20,12 @@ import torch.distributed as dist
 from parity.distributed.groups import build_groups
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
+from parity.harness.resume import record_digests, record_rng, resume_pair, save_pair
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
-from parity.vocab import Fault
+from parity.vocab import Fault, Side
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -51,6 +52,19 @@ class RunOptions:
     """Return per-tensor digests of side A for golden records."""
     progress: bool = True
     """Rank 0 prints 'step k/N' lines."""
+    # -- checkpoint / resume (parity/harness/resume.py) --
+    save_at: int | None = None
+    """Checkpoint both sides to ``save_to`` after this many steps."""
+    save_to: str | None = None
+    """Directory of that checkpoint (written atomically)."""
+    load_from: str | None = None
+    """Resume both sides from this checkpoint: the run starts at the checkpoint's step."""
+    reshard: bool = False
+    """Allow loading a checkpoint saved at another world / ep."""
+    verify_to: str | None = None
+    """Right after the load, checkpoint both sides again here (the resharded-load check)."""
+    digests_from: int | None = None
+    """Record the sha256 of every tensor of both sides from this step on (resume comparison)."""
 
 
 def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) -> None:
@@ -156,13 +170,18 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
     mb = {k: v for k, v in B.optimizer_state().items() if k.endswith(".master")}
     compare_maps(-1, "init", mb, ma, rank, record, check)
 
+    start = 0
+    if opts.load_from:  # resume: both sides from a checkpoint (parity/harness/resume.py)
+        start, res["resume"] = resume_pair(opts, scenario, {Side.TEST: A, Side.REF: B}, device)
     pinned_drop = None
     snaps = {}
     scan_nonfinite = [False]
     params_a = [None]
     res["nonfinite"] = []
-    for step in range(scenario.steps):
+    for step in range(start, scenario.steps):
         _beat(step, "start")
+        if opts.digests_from == step:
+            record_rng(res, step, device)
         for inj in lifecycle:
             if inj.rank == rank and inj.step == step:
                 if inj.kind == "crash":
@@ -173,7 +192,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             print(f"[parity] {scenario.name}: step {step + 1}/{scenario.steps}", flush=True)
         caps_b: dict = {}
         B.step(step, lambda ph, t: caps_b.__setitem__(ph, {k: v.detach().clone() for k, v in t.items()}))
-        if A.overlap and step > 0:
+        if A.overlap and step > start:
             check(step, "deferred-gather-armed", A.ddp.armed() and B.ddp.armed(),
                   f"step {step}: a deferred param gather was not re-armed before the forward "
                   f"(param_gather_dispatched left set: pre-hooks would not gather)")
@@ -189,6 +208,8 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
                     if name not in live:
                         raise KeyError(f"--inject: no tensor {name!r} in phase {phase}")
                     bump_one_ulp(live[name])
+            if opts.digests_from is not None and step >= opts.digests_from:
+                record_digests(res, step, phase, live, caps_b[phase])
             ref = caps_b[phase]
             cur = live
             if phase == "param_sync":
@@ -234,6 +255,9 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
                 check(step, "grad-buffer-clean", A.grad_buffer_clean,
                       f"step {step}: LayerWise grad_data not zero after force_sync (gather payload left)")
         _replica_checks(step, A, params_a[0], groups, check)
+        if opts.save_at == step + 1:
+            _beat(step, "checkpoint")
+            res["checkpoint"] = save_pair(opts.save_to, scenario, {Side.TEST: A, Side.REF: B}, step + 1, device)
         step_div = [d for d in res["divergences"] if d["step"] == step]
         step_rec["n_div"] = len(step_div)
         res["steps"].append(step_rec)

@@ -69,6 +69,12 @@ class Scenario:
     """'cpu' (gloo) or 'cuda' (NCCL, one rank per GPU)."""
     model: dict = field(default_factory=dict)
     """Overrides of ModelConfig fields."""
+    resume_at: int | None = None
+    """Checkpoint after this many steps, resume in new rank processes, and require every phase of
+    the remaining steps to equal the uninterrupted run bit for bit (parity/harness/resume.py)."""
+    resume_world: int | None = None
+    """With resume_at: resume at this world (DP) size instead (a resharded load; its bits are not
+    compared with the uninterrupted run, the loaded state is compared with the saved one)."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
@@ -102,6 +108,9 @@ class Scenario:
     def fingerprint(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("source")
+        for k in ("resume_at", "resume_world"):  # unset: the scenario is what it was without them
+            if d[k] is None:
+                d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
@@ -113,7 +122,8 @@ class Scenario:
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "overlap": bool,
          "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "lr": float,
-         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict}
+         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
+         "resume_at": (int, type(None)), "resume_world": (int, type(None))}
 
 
 def _err(src, key, msg):
@@ -157,6 +167,15 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
             raise _err(src, key, f"must be >= 1, got {getattr(s, key)}")
     if s.world % s.ep:
         raise _err(src, "ep", f"ep={s.ep} must divide world={s.world}")
+    if s.resume_at is not None and not 1 <= s.resume_at < s.steps:
+        raise _err(src, "resume_at", f"must be in 1..{s.steps - 1} (steps = {s.steps}), got {s.resume_at}")
+    if s.resume_world is not None:
+        if s.resume_at is None:
+            raise _err(src, "resume_world", "needs resume_at (the step to checkpoint and resume at)")
+        if s.resume_world < 1 or s.resume_world % s.ep:
+            raise _err(src, "resume_world", f"must be a positive multiple of ep={s.ep}, got {s.resume_world}")
+        if s.pair in ("overlap_param_gather", "force_sync") and s.resume_world < 2:
+            raise _err(src, "resume_world", f"pair '{s.pair}' needs world >= 2")
     if s.ep > 1 and not s.moe:
         raise _err(src, "ep", f"ep={s.ep} > 1 needs moe = true")
     if not s.lr > 0:
