@@ -308,6 +308,9 @@ def _print_entry(e, quiet):
             how = f"max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements differ"
             how += ", loaded != saved" if fd.get("against") == "saved" else ""
         print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} ({how})")
+    if e.get("resume"):
+        from parity.harness.resume import describe
+        print(f"  {describe(e['resume'])}")
     if e.get("missing_phases"):
         print(f"  phases never compared: {', '.join(e['missing_phases'])}")
     for msg in e.get("golden_messages", [])[:5]:

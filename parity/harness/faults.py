@@ -39,7 +39,6 @@ CATALOGUE = {
     Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
                                "only alignment padding", 12),
 }
-PENDING: dict = {}
 # Faults in the harness rather than the stack.
 HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE, Fault.ZEROS_VS_ZEROS}
 
@@ -80,8 +79,6 @@ def parse_injection(spec: str) -> Injection:
                          f"hang:RANK:STEP") from None
     if spec in CATALOGUE:
         return Injection("fault", name=Fault(spec))
-    if spec in PENDING:
-        raise UsageError(f"--inject {spec}: not implemented yet ({PENDING[spec][0]})")
     raise UsageError(f"--inject {spec!r}: unknown fault; known: ulp:..., crash:..., hang:..., "
                      + ", ".join(sorted(CATALOGUE)))
 

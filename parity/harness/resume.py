@@ -312,18 +312,42 @@ def run_from_checkpoint(scenario, opts, path: str, reshard: bool, *, timeout_s: 
     t0 = time.perf_counter()
     manifest = check_checkpoint(path, scenario, reshard)
     resharded = (manifest["world"], manifest["ep"]) != (scenario.world, scenario.ep)
+    compared, divs = 0, []
     with tempfile.TemporaryDirectory(prefix="parity-reload-") as tmp:
         reloaded = os.path.join(tmp, "reloaded") if resharded else None
         entry, results = run_scenario(scenario, dataclasses.replace(
             opts, load_from=path, reshard=reshard, verify_to=reloaded), timeout_s=timeout_s,
             allow_nondeterministic=allow_nondeterministic)
-        if entry["status"] == "error" or not resharded:
+        if entry["status"] == "error":
             return entry, results
-        compared, divs = compare_checkpoints(path, reloaded, manifest["step"])
-    res = dataclasses.replace(scenario, resume_at=manifest["step"])
-    entry = rep.merge_ranks(scenario, results + [_verdict(res, divs, compared, "resharded load")],
-                            time.perf_counter() - t0)
+        if resharded:
+            compared, divs = compare_checkpoints(path, reloaded, manifest["step"])
+            verdict = _verdict(dataclasses.replace(scenario, resume_at=manifest["step"]), divs, compared,
+                               "resharded load")
+            entry = rep.merge_ranks(scenario, results + [verdict], time.perf_counter() - t0)
+    load = results[0].get("resume", {})
     entry["resume"] = {"from": path, "at": manifest["step"], "world": manifest["world"],
-                       "resume_world": scenario.world, "resharded": True, "compared": compared,
-                       "mismatches": len(divs), "note": RESHARD_NOTE}
+                       "resume_world": scenario.world, "resharded": resharded, "compared": compared,
+                       "mismatches": len(divs), "checkpoint_bytes": sum(s for s, _ in manifest["files"].values()),
+                       "load_s": round(max(r.get("resume", {}).get("load_s", 0.0) for r in results), 3),
+                       "owners_moved": load.get("owners_moved"), "rng_restored": load.get("rng_restored"),
+                       "against": "saved checkpoint (gathered view)" if resharded else None}
+    if resharded:
+        entry["resume"]["note"] = RESHARD_NOTE
     return entry, results
+
+
+def describe(r: dict) -> str:
+    """One line about a resume for the console."""
+    size = f"{r['checkpoint_bytes'] / 1e6:.1f} MB" if r.get("checkpoint_bytes") else "?"
+    timing = (f"checkpoint {size}" + (f", save {r['save_s']} s" if "save_s" in r else "")
+              + f", load {r.get('load_s')} s")
+    if r.get("resharded"):
+        moved = sum((r.get("owners_moved") or {}).values())
+        return (f"resharded world {r['world']} -> {r['resume_world']} at step {r['at']}: "
+                f"{r['compared'] - r['mismatches']}/{r['compared']} tensors loaded equal the saved ones "
+                f"(gathered view), {moved} LayerWise owners moved; {timing}; {RESHARD_NOTE}")
+    if r.get("against") is None:
+        return f"resumed from {r.get('from')} at step {r['at']}; {timing}"
+    return (f"resumed at step {r['at']} in new ranks: {r['compared'] - r['mismatches']}/{r['compared']} "
+            f"digests of the remaining steps equal the uninterrupted run; {timing}")

@@ -192,7 +192,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             print(f"[parity] {scenario.name}: step {step + 1}/{scenario.steps}", flush=True)
         caps_b: dict = {}
         B.step(step, lambda ph, t: caps_b.__setitem__(ph, {k: v.detach().clone() for k, v in t.items()}))
-        if A.overlap and step > start:
+        if A.overlap and step > start:  # a run's first forward gathers nothing (docs/spec/megatron.md s1.3)
             check(step, "deferred-gather-armed", A.ddp.armed() and B.ddp.armed(),
                   f"step {step}: a deferred param gather was not re-armed before the forward "
                   f"(param_gather_dispatched left set: pre-hooks would not gather)")

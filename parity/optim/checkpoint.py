@@ -15,10 +15,11 @@ What one stack saves (keys relative to the side's prefix):
 
 FP8 weights: the persisted bytes and scales are saved and restored as they are. In ON they are the
 only copy of the weight on every rank (the param has no bf16 storage, and a non-owner has no master
-to re-derive them from without a gather), and they are what the next forward reads. Re-deriving
+to re-derive them from without a gather), and they are what the next forward reads: the first
+iteration of a (resumed) run gathers nothing (docs/spec/megatron.md s1.3). Re-deriving
 them at load time would run the quantizer and the gather, the code under test, inside the restore.
-The masters are saved too, since the next update starts from them. The saved bytes must equal
-``Q(bf16(master))``, and the resume comparison checks that they do.
+The masters are saved too, since the next update starts from them. That the bytes equal
+``Q(bf16(master))`` is what ON == OFF checks at every param_sync.
 
 DistOpt state is saved per bucket as one flat tensor over the bucket's params *and* the
 64-element alignment gaps between them (the tail padding that makes the bucket divisible by the DP
