@@ -44,7 +44,7 @@ SIDES = (Side.TEST, Side.REF)
 RESHARD_NOTE = ("bits after a reshard are not compared with the uninterrupted run: the reduction "
                 "order changes with the DP size")
 # Checkpoint entries that may differ between a checkpoint and its resharded reload.
-_PER_LAYOUT = (".owner", "rng/")
+_LAYOUT_DEPENDENT = (".owner", "rng/")
 
 
 class CheckpointInputError(ParityError):
@@ -193,7 +193,7 @@ def compare_checkpoints(saved: str, reloaded: str, step: int) -> tuple[int, list
     b = ckpt.read_full(reloaded)
     divs, compared = [], 0
     for key in sorted(set(a) | set(b)):
-        if any(tag in key for tag in _PER_LAYOUT):
+        if any(tag in key for tag in _LAYOUT_DEPENDENT):
             continue
         path = f"step {step}/load/{key}/rank -1"
         if key not in a or key not in b:
@@ -227,6 +227,17 @@ def _verdict(scenario, divs: list, compared: int, what: str) -> dict:
             "checks": [{"step": scenario.resume_at, "check": "nonempty/resume", "ok": compared > 0, "rank": -1,
                         "message": "" if compared else f"{what}: nothing compared across launches"}],
             "messages": [d["message"] for d in divs[:30]], "steps": [], "snapshots": []}
+
+
+def _tag_first_divergence(entry: dict, divs: list) -> None:
+    """When the first divergence is one across launches, say against what (and on which side)."""
+    fd = entry.get("first_divergence")
+    where = fd and f"step {fd['step']}/{fd['phase']}/{fd['tensor']}/rank {fd['rank']}"
+    match = next((d for d in divs if d["path"] == where), None)
+    if match:
+        fd["against"] = match["against"]
+        if "side" in match:
+            fd["side"] = match["side"]
 
 
 def _error(scenario, entry: dict, where: str, t0: float) -> dict:
@@ -278,15 +289,7 @@ def run_resume(scenario, opts, *, timeout_s: float, allow_nondeterministic: bool
     if reshard:
         entry["loss"] = [{"step": s["step"], "bits": s.get("loss_bits"), "repr": s.get("loss")}
                          for s in steps1 + steps2]
-    fd = entry.get("first_divergence")
-    if fd:
-        match = next((d for d in divs if d["step"] == fd["step"] and d["phase"] == fd["phase"]
-                      and d["rank"] == fd["rank"] and d["path"].split("/", 2)[2].rsplit("/rank", 1)[0] == fd["tensor"]),
-                     None)
-        if match:
-            fd["against"] = match["against"]
-            if "side" in match:
-                fd["side"] = match["side"]
+    _tag_first_divergence(entry, divs)
     load = r2[0].get("resume", {})
     entry["resume"] = {
         "at": k, "world": scenario.world, "resume_world": world2, "resharded": reshard,
@@ -325,6 +328,7 @@ def run_from_checkpoint(scenario, opts, path: str, reshard: bool, *, timeout_s: 
             verdict = _verdict(dataclasses.replace(scenario, resume_at=manifest["step"]), divs, compared,
                                "resharded load")
             entry = rep.merge_ranks(scenario, results + [verdict], time.perf_counter() - t0)
+            _tag_first_divergence(entry, divs)
     load = results[0].get("resume", {})
     entry["resume"] = {"from": path, "at": manifest["step"], "world": manifest["world"],
                        "resume_world": scenario.world, "resharded": resharded, "compared": compared,

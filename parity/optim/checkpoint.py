@@ -150,13 +150,17 @@ def _sharded(local: torch.Tensor | None, lo: int, buf, b, extent: int):
     holds ``local`` at offset ``lo`` (None: no chunk here)."""
     ShardMetadata, Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties = _sharded_tensor_api()
     shard = b.numel // buf.dp
-    device = buf.grad_data.device
-    where = lambda r: f"rank:{r}/{device}"  # noqa: E731
+    device, me = buf.grad_data.device, dist.get_rank()
+
+    def where(r):  # placements name global ranks; only this rank's device is known (and checked)
+        g = dist.get_global_rank(buf.group, r) if buf.dp > 1 else me
+        return f"rank:{g}/{device if g == me else device.type}"
+
     metas = [ShardMetadata([r * shard], [min((r + 1) * shard, extent) - r * shard], where(r))
              for r in range(buf.dp) if r * shard < extent]
     md = ShardedTensorMetadata(metas, torch.Size([extent]), TensorProperties(dtype=torch.float32))
-    me = dist.get_rank(buf.group) if buf.dp > 1 else 0
-    shards = [] if local is None else [Shard(local, ShardMetadata([lo], [local.numel()], where(me)))]
+    mine = dist.get_rank(buf.group) if buf.dp > 1 else 0
+    shards = [] if local is None else [Shard(local, ShardMetadata([lo], [local.numel()], where(mine)))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return ShardedTensor._init_from_local_shards_and_global_metadata(shards, md, process_group=buf.group)
@@ -356,7 +360,7 @@ def _publish(tmp: str, path: str) -> None:
 
 def save(path: str, state: dict, manifest: dict) -> dict:
     """Collective: write ``state`` (every rank's part) as a DCP checkpoint at ``path``, atomically.
-    Returns {"seconds", "bytes", "files"} (the same on every rank)."""
+    Returns {"seconds", "bytes", "files", "write_s" (DCP), "marker_s" (hashing + rename)}."""
     path = os.path.abspath(path)
     rank = dist.get_rank()
     t0 = time.perf_counter()
@@ -378,6 +382,7 @@ def save(path: str, state: dict, manifest: dict) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             dcp.save(state, storage_writer=FileSystemWriter(tmp))
+        t_written = time.perf_counter()
     except (Exception, CheckpointException) as e:  # (DCP's exception derives from BaseException)
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -388,7 +393,8 @@ def save(path: str, state: dict, manifest: dict) -> dict:
             files = {n: _file_entry(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
             _write_marker(tmp, {**manifest, "format": FORMAT, "files": files})
             _publish(tmp, path)
-            outcome[0] = {"bytes": sum(s for s, _ in files.values()), "files": len(files)}
+            outcome[0] = {"bytes": sum(s for s, _ in files.values()), "files": len(files),
+                          "write_s": t_written - t0, "marker_s": time.perf_counter() - t_written}
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             outcome[0] = f"cannot finish the checkpoint at {path}: {e.strerror or e}"
