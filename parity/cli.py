@@ -248,6 +248,8 @@ def cmd_run(args, argv) -> int:
     _check_injections(injections, scenarios)
     if args.resume_from and (len(scenarios) != 1 or scenarios[0].resume_at is not None):
         raise UsageError("--resume-from runs one scenario, without --resume-at / resume_at")
+    if args.resume_from and args.golden == "check":
+        raise UsageError("--golden check needs every step: it cannot check a run resumed from a checkpoint")
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
     # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.

@@ -123,9 +123,16 @@ def test_bad_checkpoint_exits_2_with_one_line(single_rank, saved, tmp_path, caps
         ckpt.read_manifest(str(saved))  # the original is untouched
 
 
-def test_reshard_flag_needs_resume_from(capsys):
-    assert cli.main(["run", "--reshard", "--out", "/tmp/parity-unused"]) == 2
-    assert "--reshard applies to --resume-from" in capsys.readouterr().err
+@pytest.mark.parametrize("argv,msg", [
+    (["--reshard"], "--reshard applies to --resume-from"),
+    (["--resume-from", "x", "--golden", "check"], "cannot check a run resumed"),
+    (["--resume-from", "x", "--resume-at", "3"], "without --resume-at"),
+    (["--resume-at", "30"], "resume_at': must be in 1..29"),
+    (["--resume-at", "3", "--resume-world", "3"], "positive multiple of ep=2"),
+])
+def test_inconsistent_resume_flags_exit_2(tmp_path, capsys, argv, msg):
+    assert cli.main(["run", *argv, "--out", str(tmp_path)]) == 2
+    assert msg in capsys.readouterr().err
 
 
 def test_corrupt_checkpoint_in_a_real_process_prints_no_traceback(single_rank, saved, tmp_path):
