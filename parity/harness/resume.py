@@ -186,7 +186,8 @@ def compare_digests(uninterrupted: list, resumed: list, from_step: int) -> tuple
 
 def compare_checkpoints(saved: str, reloaded: str, step: int) -> tuple[int, list]:
     """(tensors compared, divergences): every tensor of the resharded reload against the checkpoint
-    it was loaded from, whole (DCP assembles each tensor from its chunks), bit for bit."""
+    it was loaded from, whole (DCP assembles each tensor from its chunks), bit for bit. Both
+    checkpoints are read into this process: a check for reshard runs, not part of a resume."""
     from parity.harness.compare import compare_tensors
 
     a = ckpt.read_full(saved)

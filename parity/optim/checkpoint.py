@@ -386,6 +386,12 @@ def save(path: str, state: dict, manifest: dict) -> dict:
     except (Exception, CheckpointException) as e:  # (DCP's exception derives from BaseException)
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        # DCP raises on every rank; none may raise (and get the run torn down) before the partial
+        # directory is gone.
+        try:
+            dist.barrier()
+        except Exception:
+            pass
         raise CheckpointError(f"checkpoint save failed: {_dcp_reason(e)}") from None
     outcome = [None]
     if rank == 0:
