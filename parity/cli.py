@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-nondeterministic", action="store_true",
                    help="run even if the determinism environment contradicts the contract")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--resume-at", type=_positive_int, metavar="K",
+                   help="checkpoint after K steps, resume in new ranks, compare the rest with the uninterrupted run")
+    r.add_argument("--resume-world", type=_positive_int, metavar="W", help="with --resume-at: resume at world W")
+    r.add_argument("--resume-from", metavar="DIR", help="run the rest of the scenario from this checkpoint")
+    r.add_argument("--reshard", action="store_true",
+                   help="with --resume-from: allow a checkpoint saved at another world / ep")
 
     sub.add_parser("list", help="list the scenarios")
 
@@ -205,7 +211,8 @@ def _apply_overrides(s, args):
     for flag, key in (("recipe", "recipe"), ("layout", "layout"), ("pair", "pair"), ("steps", "steps"),
                       ("microbatches", "microbatches"),
                       ("lr", "lr"), ("seed", "seed"), ("bucket_size", "bucket_size"),
-                      ("device", "device"), ("overlap", "overlap"), ("moe", "moe"), ("ep", "ep")):
+                      ("device", "device"), ("overlap", "overlap"), ("moe", "moe"), ("ep", "ep"),
+                      ("resume_at", "resume_at"), ("resume_world", "resume_world")):
         v = getattr(args, flag, None)
         if v is not None:
             changed[key] = v
@@ -233,12 +240,20 @@ def cmd_run(args, argv) -> int:
     from parity.harness.faults import parse_injection
     from parity.harness.platform import platform_fingerprint
     from parity.harness.driver import run_scenario
+    from parity.harness.errors import UsageError
+    from parity.harness.resume import run_from_checkpoint
     from parity.harness.runner import RunOptions
 
     _check_determinism_env(args.allow_nondeterministic)
     injections = tuple(parse_injection(s) for s in args.inject)
     scenarios = [_apply_overrides(s, args) for s in _resolve(args.scenarios)]
     _check_injections(injections, scenarios)
+    if args.resume_from and (len(scenarios) != 1 or scenarios[0].resume_at is not None):
+        raise UsageError("--resume-from runs one scenario, without --resume-at / resume_at")
+    if args.resume_from and args.golden == "check":
+        raise UsageError("--golden check needs every step: it cannot check a run resumed from a checkpoint")
+    if args.reshard and not args.resume_from:
+        raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
     # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
     platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
                  for dev in dict.fromkeys(s.device for s in scenarios)}
@@ -256,8 +271,12 @@ def cmd_run(args, argv) -> int:
             print(f"[parity] {s.name}: {s.pair} pair, {s.recipe}, world {s.world}, ep {s.ep}, "
                   f"{'moe' if s.moe else 'dense'}, overlap {'on' if s.overlap else 'off'}, "
                   f"{s.layout} layout, {s.steps} steps on {s.device}", flush=True)
-        entry, results = run_scenario(s, opts, timeout_s=args.timeout,
-                                      allow_nondeterministic=args.allow_nondeterministic)
+        if args.resume_from:
+            entry, results = run_from_checkpoint(s, opts, args.resume_from, args.reshard, timeout_s=args.timeout,
+                                                 allow_nondeterministic=args.allow_nondeterministic)
+        else:
+            entry, results = run_scenario(s, opts, timeout_s=args.timeout,
+                                          allow_nondeterministic=args.allow_nondeterministic)
         if args.golden == "check" and entry["status"] != "error":
             from parity.harness.goldens_cli import check_entry
             check_entry(entry, s, results, args.goldens, args.allow_other_platform)
@@ -287,8 +306,15 @@ def _print_entry(e, quiet):
     print(line, flush=True)
     if fd:
         from parity.harness.report import fmt_ulp
-        print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']}"
-              f" (max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements differ)")
+        if fd.get("against") == "uninterrupted":
+            how = f"side {fd.get('side')} after the resume != the uninterrupted run"
+        else:
+            how = f"max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements differ"
+            how += ", loaded != saved" if fd.get("against") == "saved" else ""
+        print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} ({how})")
+    if e.get("resume"):
+        from parity.harness.resume import describe
+        print(f"  {describe(e['resume'])}")
     if e.get("missing_phases"):
         print(f"  phases never compared: {', '.join(e['missing_phases'])}")
     for msg in e.get("golden_messages", [])[:5]:

@@ -77,3 +77,4 @@ class Fault(StrEnum):
     PAYLOAD_IN_GRAD_DURING_ACCUMULATION = "payload-in-grad-during-accumulation"
     FTZ_SUBNORMAL_SCALE_INV = "ftz-subnormal-scale-inv"
     STALE_SCALE_INV = "stale-scale-inv"
+    PADDING_ONLY_SHARD = "padding-only-shard"

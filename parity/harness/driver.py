@@ -89,6 +89,9 @@ def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: 
 def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.0,
                  allow_nondeterministic: bool = False) -> tuple[dict, list[dict]]:
     """Returns (report entry, per-rank results)."""
+    if scenario.resume_at is not None:  # two launches around a checkpoint (parity/harness/resume.py)
+        from parity.harness.resume import run_resume
+        return run_resume(scenario, opts, timeout_s=timeout_s, allow_nondeterministic=allow_nondeterministic)
     if scenario.device == "cuda":
         import torch
 

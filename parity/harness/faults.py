@@ -60,9 +60,8 @@ CATALOGUE = {
                                     "block's) to zero, as a fast-math (FTZ) cast kernel may", 25),
     Fault.STALE_SCALE_INV: ("master -> FP8 write updates the bytes but not the scale_inv grid: "
                             "invisible until a block's pow2 scale flips", 26),
-}
-PENDING = {
-    "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
+    Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
+                               "only alignment padding", 12),
 }
 # Faults in the harness rather than the stack.
 HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE}
@@ -104,8 +103,6 @@ def parse_injection(spec: str) -> Injection:
                          f"hang:RANK:STEP") from None
     if spec in CATALOGUE:
         return Injection("fault", name=Fault(spec))
-    if spec in PENDING:
-        raise UsageError(f"--inject {spec}: not implemented yet ({PENDING[spec][0]})")
     raise UsageError(f"--inject {spec!r}: unknown fault; known: ulp:..., crash:..., hang:..., "
                      + ", ".join(sorted(CATALOGUE)))
 

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.distributed as dist
 
+from parity.ddp.buffers import FORCE_SYNC
 from parity.distributed.collectives import all_gather_object
 from parity.distributed.groups import build_groups
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
+from parity.harness.resume import record_digests, record_rng, resume_pair, save_pair
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.model import is_layer_wise_managed
@@ -59,6 +61,19 @@ class RunOptions:
     """Return per-tensor digests of the test stack for golden records."""
     progress: bool = True
     """Rank 0 prints 'step k/N' lines."""
+    # -- checkpoint / resume (parity/harness/resume.py) --
+    save_at: int | None = None
+    """Checkpoint both sides to ``save_to`` after this many steps."""
+    save_to: str | None = None
+    """Directory of that checkpoint (written atomically)."""
+    load_from: str | None = None
+    """Resume both sides from this checkpoint: the run starts at the checkpoint's step."""
+    reshard: bool = False
+    """Allow loading a checkpoint saved at another world / ep."""
+    verify_to: str | None = None
+    """Right after the load, checkpoint both sides again here (the resharded-load check)."""
+    digests_from: int | None = None
+    """Record the sha256 of every tensor of both sides from this step on (resume comparison)."""
 
 
 @dataclass
@@ -85,6 +100,12 @@ class RankResult:
     first_divergence: dict | None = None
     snapshots: list = field(default_factory=list)
     build_s: float = 0.0
+    resume: dict | None = None
+    """What loading the checkpoint did (resumed launches)."""
+    checkpoint: dict | None = None
+    """What saving the checkpoint did (the launch that saves)."""
+    digests: dict = field(default_factory=dict)
+    """step -> phase -> side -> {tensor: sha256}, from the resume step on (compared across launches)."""
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -199,6 +220,8 @@ class LockstepRunner:
         self._construction_checks()
         self._compare_init()
         start, steps = 0, self.scenario.steps
+        if self.opts.load_from:  # resume: both sides from a checkpoint (parity/harness/resume.py)
+            start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
         last = start - 1
         for step in range(start, steps):
             self._run_step(step)
@@ -210,8 +233,13 @@ class LockstepRunner:
             self.result.snapshots = _write_snapshots(self.snaps, self.scenario, self.rank, self.opts)
         return self.result
 
+    def _stacks(self) -> dict:
+        return {Side.TEST: self.test, Side.REF: self.ref}
+
     def _run_step(self, step: int) -> None:
         _beat(step, "start")
+        if self.opts.digests_from == step:
+            record_rng(self.result.digests, step, self.device)
         for inj in self.lifecycle:
             if inj.rank == self.rank and inj.step == step:
                 if inj.kind == "crash":
@@ -227,6 +255,12 @@ class LockstepRunner:
         self.states[step].record.update(self.test.last_step_stats,
                                         **{f"{k}_b": v for k, v in self.ref.last_step_stats.items()})
         self._after_test_step(step)
+        if self.opts.save_at == step + 1:
+            _beat(step, "checkpoint")
+            for stack in (self.ref, self.test):
+                stack.sync_for_checkpoint()
+            self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
+                                               self.device)
         self._close_ready_steps()
 
     def _flush(self, last: int) -> None:
@@ -326,6 +360,8 @@ class LockstepRunner:
             st.record["loss_bits"] = loss_bits(cur["loss"])
             st.record["loss"] = repr(float(cur["loss"]))
             st.record["loss_b_bits"] = loss_bits(ref["loss"])
+        if self.opts.digests_from is not None and step >= self.opts.digests_from:
+            record_digests(self.result.digests, step, phase, cur, ref)
         if self.opts.golden_digests and phase != Phase.INIT:
             self._record_golden(step, phase, cur)
 
@@ -418,7 +454,7 @@ class LockstepRunner:
         self.ref.closed_windows.clear()  # the reference is not checked
         while test.closed_windows:
             w = test.closed_windows.pop(0)
-            want = test.gather_source
+            want = FORCE_SYNC if w.checkpoint_sync else test.gather_source
             bad = []
             for row in test.gather_report(w):
                 exp = [want] * row["expect"]

@@ -87,6 +87,12 @@ class Scenario:
     stress: tuple = ()
     """Numeric-edge init edits (InitEdges names: zero_blocks, pow2_edge, tiny_values,
     dead_expert); the same edits on both sides."""
+    resume_at: int | None = None
+    """Checkpoint after this many steps, resume in new rank processes, and require every phase of
+    the remaining steps to equal the uninterrupted run bit for bit (parity/harness/resume.py)."""
+    resume_world: int | None = None
+    """With resume_at: resume at this world (DP) size instead (a resharded load; its bits are not
+    compared with the uninterrupted run, the loaded state is compared with the saved one)."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
@@ -133,6 +139,9 @@ class Scenario:
             d.pop("stress")  # a scenario without stress edits keeps its fingerprint (and golden)
         else:
             d["stress"] = list(d["stress"])
+        for k in ("resume_at", "resume_world"):  # unset: the scenario is what it was without them
+            if d[k] is None:
+                d.pop(k)
         return d
 
 
@@ -142,7 +151,8 @@ TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "over
          "lr": float, "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
          "lr_decay_style": str, "lr_warmup_steps": int, "lr_decay_steps": (int, type(None)),
          "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int,
-         "stress": (list, tuple)}
+         "stress": (list, tuple),
+         "resume_at": (int, type(None)), "resume_world": (int, type(None))}
 
 
 def _err(src, key, msg):
@@ -194,6 +204,15 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
             raise _err(src, key, f"must be >= 1, got {getattr(s, key)}")
     if s.world % s.ep:
         raise _err(src, "ep", f"ep={s.ep} must divide world={s.world}")
+    if s.resume_at is not None and not 1 <= s.resume_at < s.steps:
+        raise _err(src, "resume_at", f"must be in 1..{s.steps - 1} (steps = {s.steps}), got {s.resume_at}")
+    if s.resume_world is not None:
+        if s.resume_at is None:
+            raise _err(src, "resume_world", "needs resume_at (the step to checkpoint and resume at)")
+        if s.resume_world < 1 or s.resume_world % s.ep:
+            raise _err(src, "resume_world", f"must be a positive multiple of ep={s.ep}, got {s.resume_world}")
+        if s.pair in ("overlap_param_gather", "force_sync") and s.resume_world < 2:
+            raise _err(src, "resume_world", f"pair '{s.pair}' needs world >= 2")
     if s.ep > 1 and not s.moe:
         raise _err(src, "ep", f"ep={s.ep} > 1 needs moe = true")
     if not s.lr > 0:

@@ -162,6 +162,8 @@ class GatherWindow:
     """group -> (first param of the group a forward used, the gathers landed by then)."""
     total: dict = field(default_factory=dict)
     """group -> every gather landed in the window (set when it closes)."""
+    checkpoint_sync: bool = False
+    """A checkpoint save finished the window's gathers (force_sync, as training does before a save)."""
 
 
 class Stack:
@@ -270,6 +272,17 @@ class Stack:
         if capture:
             on_phase(self.window.step, Phase.PARAM_SYNC, {})
         return out
+
+    def sync_for_checkpoint(self) -> None:
+        """What training does before a checkpoint save under overlap: turn the pre-hooks off with
+        param_sync=True, which finishes every pending gather (force_sync), then on again; the next
+        forward finds the params in place (docs/spec/megatron.md s2.11)."""
+        if not self.overlap:
+            return
+        self.ddp.disable_forward_pre_hook(param_sync=True)
+        self.ddp.enable_forward_pre_hook()
+        if self.window is not None:
+            self.window.checkpoint_sync = True
 
     def _force_sync(self):
         """force_sync as training runs it: gathers were launched (a schedule's param-sync call)

@@ -1,0 +1,180 @@
+"""Checkpoint-resume parity (parity/harness/resume.py): a resumed run equals the uninterrupted one,
+a resume that loses state is caught where it first shows, and bad checkpoints exit 2 with one
+line. The shipped resume and reshard scenarios run in test_scenarios.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from parity import cli
+from parity.harness.faults import Injection
+from parity.harness.resume import compare_digests
+from parity.harness.runner import RunOptions, rank_main
+from parity.harness.scenario import make_scenario
+from parity.harness.selftest import SCENARIOS
+from parity.optim import checkpoint as ckpt
+from parity.vocab import Fault
+
+# The `default` scenario at world 1 (what `parity run --world 1 --ep 1 --steps 4` runs).
+DEFAULT_W1 = dict(name="resume-w1", world=1, ep=1, moe=True, recipe="blockwise", steps=4)
+
+
+class Ctx:
+    device = "cpu"
+
+
+def run(scenario, **opts):
+    return rank_main(Ctx(), scenario, RunOptions(progress=False, snapshot="none", golden_digests=False, **opts))
+
+
+def clean(res):
+    return not res["divergences"] and all(c["ok"] for c in res["checks"])
+
+
+def uninterrupted_and_resumed(tmp_path, k=2, **kw):
+    s = make_scenario({**DEFAULT_W1, **kw})
+    path = str(tmp_path / "ckpt")
+    full = run(s, save_at=k, save_to=path, digests_from=k)
+    resumed = run(s, load_from=path, digests_from=k)
+    return full, resumed
+
+
+@pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])
+def test_resumed_run_equals_the_uninterrupted_run(single_rank, one_intra_op_thread, tmp_path, recipe):
+    full, resumed = uninterrupted_and_resumed(tmp_path, recipe=recipe)
+    assert clean(full) and clean(resumed)
+    assert [s["step"] for s in resumed["steps"]] == [2, 3]
+    assert resumed["resume"]["step"] == 2 and resumed["resume"]["rng_restored"]
+    n, divs = compare_digests([full], [resumed], 2)
+    phases = {ph for step in resumed["digests"].values() for ph in step}
+    assert n > 100 and divs == [] and phases >= {"forward", "grad_reduce", "optimizer", "param_sync", "rng"}
+
+
+@pytest.mark.parametrize("lost,tensor", [("momentum_buffer", ".master"), ("adam_step", ".master")])
+def test_a_resume_that_loses_state_is_caught(single_rank, one_intra_op_thread, tmp_path, monkeypatch, lost, tensor):
+    """Both sides lose the same state, so ON == OFF still holds after the resume: only the
+    comparison with the uninterrupted run can see it, at the first update."""
+    keep = ckpt.stack_state
+    monkeypatch.setattr(ckpt, "stack_state", lambda stack, prefix="": {
+        k: v for k, v in keep(stack, prefix).items() if not k.endswith(lost)})
+    full, resumed = uninterrupted_and_resumed(tmp_path)
+    assert clean(full) and clean(resumed)
+    n, divs = compare_digests([full], [resumed], 2)
+    first = divs[0]
+    assert (first["step"], first["phase"], first["against"]) == (2, "optimizer", "uninterrupted")
+    assert tensor in first["path"] and {d["side"] for d in divs} == {"test", "ref"}
+    assert not [d for d in divs if d["step"] == 2 and d["phase"] in ("forward", "grad_reduce")]  # not before it
+
+
+@pytest.fixture(scope="module")
+def saved(single_rank, tmp_path_factory):
+    """A checkpoint of `default` at world 1 after 2 steps, written in this process."""
+    path = tmp_path_factory.mktemp("ckpt") / "step2"
+    res = run(make_scenario(DEFAULT_W1), save_at=2, save_to=str(path))
+    assert clean(res) and res["checkpoint"]["bytes"] > 0
+    return path
+
+
+def damaged(src, dst, how):
+    import shutil
+
+    shutil.copytree(src, dst)
+    data = sorted(f for f in os.listdir(dst) if f.endswith(".distcp"))[-1]
+    if how == "partial":
+        os.unlink(dst / ckpt.MARKER)
+    elif how == "truncated":
+        os.truncate(dst / data, os.path.getsize(dst / data) // 3)
+    elif how == "corrupt":
+        with open(dst / data, "r+b") as f:
+            f.seek(200)
+            b = f.read(1)
+            f.seek(200)
+            f.write(bytes([b[0] ^ 0x10]))
+    return dst
+
+
+BAD = {
+    "missing": ([], "no checkpoint at"),
+    "partial": ([], "not a finished checkpoint"),
+    "truncated": ([], "truncated"),
+    "corrupt": ([], "corrupt"),
+    "another scenario": (["--recipe", "mxfp8"], "another config"),
+    "another world": (["--world", "2"], "pass --reshard"),
+    "past the end": (["--steps", "2"], "nothing to resume"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_checkpoint_exits_2_with_one_line(single_rank, saved, tmp_path, capsys, case):
+    extra, msg = BAD[case]
+    path = tmp_path / "missing" if case == "missing" else saved
+    if case in ("partial", "truncated", "corrupt"):
+        path = damaged(saved, tmp_path / "c", case)
+    argv = ["run", "--world", "1", "--ep", "1", "--steps", "4", *extra, "--resume-from", str(path),
+            "--out", str(tmp_path / "o"), "--quiet"]
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("parity: ") and msg in err[0], err
+    if case not in ("missing",):
+        ckpt.read_manifest(str(saved))  # the original is untouched
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--reshard"], "--reshard applies to --resume-from"),
+    (["--resume-from", "x", "--golden", "check"], "cannot check a run resumed"),
+    (["--resume-from", "x", "--resume-at", "3"], "without --resume-at"),
+    (["--resume-at", "30"], "resume_at': must be in 1..29"),
+    (["--resume-at", "3", "--resume-world", "3"], "positive multiple of ep=2"),
+])
+def test_inconsistent_resume_flags_exit_2(tmp_path, capsys, argv, msg):
+    assert cli.main(["run", *argv, "--out", str(tmp_path)]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_in_a_real_process_prints_no_traceback(single_rank, saved, tmp_path):
+    path = damaged(saved, tmp_path / "c", "corrupt")
+    r = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--world", "1", "--ep", "1", "--steps", "4",
+                        "--resume-from", str(path), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("parity: checkpoint") and "corrupt" in r.stderr
+
+
+@pytest.mark.slow
+def test_resume_from_with_reshard_checks_the_loaded_state(single_rank, saved, tmp_path):
+    """A world-1 checkpoint loaded at world 2: every tensor re-saved at world 2 equals the saved
+    one (gathered view), LayerWise ownership moved, and ON == OFF holds after the load."""
+    out = tmp_path / "o"
+    r = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--world", "2", "--ep", "1", "--steps", "4",
+                        "--resume-from", str(saved), "--reshard", "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+    res = e["resume"]
+    assert res["resharded"] and res["compared"] > 20 and res["mismatches"] == 0
+    assert sum(res["owners_moved"].values()) > 0 and e["steps"] == 2
+    assert "resharded world 1 -> 2" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_failed_save_overwrites_nothing(tmp_path):
+    """The padding-only-shard fault makes DCP refuse the save: what was at the checkpoint path
+    before stays as it was, and no partial directory is left."""
+    from parity.harness.driver import run_scenario
+
+    s = make_scenario({"name": "gap-shard", "recipe": "blockwise", "steps": 2,
+                       **{**SCENARIOS["w4-padded-gap-shard-resume"], "resume_at": 1}})
+    root = tmp_path / "checkpoints" / s.name
+    (root / "step1").mkdir(parents=True)
+    (root / "step1" / "keep.txt").write_text("an earlier checkpoint")
+    entry, _ = run_scenario(s, RunOptions(injections=(Injection("fault", name=Fault.PADDING_ONLY_SHARD),),
+                                          progress=False, snapshot="none", golden_digests=False,
+                                          out_dir=str(tmp_path)))
+    assert entry["status"] == "error" and "checkpoint save failed" in entry["error"]
+    assert sorted(os.listdir(root)) == ["step1"]
+    assert os.listdir(root / "step1") == ["keep.txt"]
+    assert (root / "step1" / "keep.txt").read_text() == "an earlier checkpoint"
