@@ -175,19 +175,33 @@ def main(argv=None) -> int:
 
 def _torchrun_start(args, argv):
     """Under torchrun, for the commands that launch ranks: this worker's job, after checking that
-    torchrun will not restart it and that every worker runs the same command (they must make the
-    same launches in the same order). None outside torchrun."""
-    from parity.harness.errors import UsageError
+    torchrun will not restart it, that every worker runs the same command (they must make the same
+    launches in the same order) and that every node has the same determinism environment and torch
+    (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
+    import torch
+
+    from parity.distributed.determinism import DETERMINISM_ENV
+    from parity.harness.errors import ConfigError, UsageError
     from parity.harness.launch import torchrun_job, under_torchrun
 
     if args.cmd not in ("run", "golden") or not under_torchrun():
         return None
     job = torchrun_job()
-    argvs = job.allgather("argv", list(argv))
-    for rank, other in enumerate(argvs):
-        if other != argvs[0]:
-            raise UsageError(f"torchrun workers run different commands: rank 0 `parity {' '.join(argvs[0])}`, "
-                             f"rank {rank} `parity {' '.join(other)}`")
+    env = {k: os.environ.get(k) for k in sorted(DETERMINISM_ENV)}
+    views = job.allgather("start", {"argv": list(argv), "env": env, "torch": torch.__version__})
+    for rank, other in enumerate(views):
+        if other["argv"] != views[0]["argv"]:
+            raise UsageError(f"torchrun workers run different commands: rank 0 `parity {' '.join(views[0]['argv'])}`, "
+                             f"rank {rank} `parity {' '.join(other['argv'])}`")
+        if other["torch"] != views[0]["torch"]:
+            raise ConfigError(f"torchrun workers run different torch versions: rank 0 {views[0]['torch']}, "
+                              f"rank {rank} {other['torch']}")
+        differ = [k for k in env if other["env"][k] != views[0]["env"][k]]
+        if differ:
+            k = differ[0]
+            raise ConfigError(f"the determinism environment differs between nodes: {k}={views[0]['env'][k]!r} on "
+                              f"rank 0, {other['env'][k]!r} on rank {rank} (None: unset); export the same values "
+                              f"on every node")
     return job
 
 

@@ -418,23 +418,23 @@ def _launch_under_torchrun(fn: Callable[..., Any], cfg: LaunchConfig, args: tupl
                      local_world_size=job.local_world_size, store_addr=job.addr, store_port=job.port,
                      store_prefix=f"{job.prefix}/{ns_name}", gather=True, launcher="torchrun")
     out = _supervise(fn, cfg, args, [plan], abort)
-    if out.failures:
-        ns.set("abort", str(me))
     outcome = {"ok": me in out.results, "failures": out.failures, "stopped": out.stopped, "pids": out.pids}
     # Bounded: once any rank failed every supervisor stops its rank within _POLL_S + grace_s.
     wait_s = cfg.timeout_s + cfg.grace_s + 60.0
-    ns.set(f"outcome/{me}", pickle.dumps(outcome))
-    if me == 0:
-        verdict = _job_verdict(ns, job.world_size, outcome, wait_s)
-        ns.set("verdict", pickle.dumps(verdict))
-    else:
-        try:
-            ns.wait(["verdict"], timedelta(seconds=wait_s + cfg.grace_s + 60.0))
+    try:
+        if out.failures:
+            ns.set("abort", str(me))
+        ns.set(f"outcome/{me}", pickle.dumps(outcome))
+        if me == 0:
+            verdict = _job_verdict(ns, job.world_size, outcome, wait_s)
+            ns.set("verdict", pickle.dumps(verdict))
+        else:
+            ns.wait(["verdict"], timedelta(seconds=2 * wait_s))
             verdict = pickle.loads(ns.get("verdict"))
-        except Exception as exc:
-            verdict = {"ok": False, "statuses": {}, "pids": out.pids, "stopped": [], "failures": [FailedRank(
-                rank=0, reason=f"its supervisor gave no verdict: {type(exc).__name__} (rank 0's torchrun "
-                               f"worker or the store is gone)")]}
+    except Exception as exc:  # the store is gone (an agent exited) or rank 0's supervisor is
+        raise job._lost(f"lost while the ranks' outcomes were collected ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); this rank "
+                        f"{'failed: ' + out.failures[0].reason if out.failures else 'had no failure'}") from None
     if verdict["ok"]:
         return out.results[me] if me == 0 else None
     raise RankFailure(verdict["failures"], verdict["stopped"], verdict["pids"], verdict["statuses"])
