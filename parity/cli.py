@@ -218,7 +218,10 @@ def _torchrun_finish(job, code: int) -> int:
         return EXIT_RUNTIME
     # From here the process only exits; a SIGTERM from torchrun's agent (another worker exited
     # first) must not turn this worker's exit code into a signal.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
     if any(c in (EXIT_USAGE, EXIT_RUNTIME) for c in codes):
         return max(codes)
     return codes[0]
