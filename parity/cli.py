@@ -13,6 +13,7 @@ import sys
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RUNTIME = 0, 1, 2, 3
 DEFAULT_SCENARIO = "default"
+_TORCHRUN_EXIT_WAIT_S = 3600.0  # under torchrun: how long a worker waits for the others' exit codes
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,11 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--recipe", choices=("blockwise", "mxfp8"))
     r.add_argument("--ep", type=_positive_int, help="expert-parallel size (implies --moe)")
     r.add_argument("--dp", type=_positive_int, help="data-parallel size (= world size)")
-    r.add_argument("--world", type=_positive_int, help="number of ranks")
+    r.add_argument("--world", type=_positive_int,
+                   help="number of ranks (alone, it also lowers the scenario's EP to one that divides it)")
     r.add_argument("--overlap", action="store_true", default=None,
                    help="overlap grad reduce and param gather (deferred gather)")
     r.add_argument("--no-overlap", dest="overlap", action="store_false")
-    r.add_argument("--moe", action="store_true", default=None)
+    model = r.add_mutually_exclusive_group()
+    model.add_argument("--moe", action="store_true", default=None, help="MoE layers")
+    model.add_argument("--dense", dest="moe", action="store_false",
+                       help="a dense model, no MoE layers (and so EP 1)")
     r.add_argument("--layout", choices=("compact", "padded"))
     r.add_argument("--pair", choices=("fp8_param_gather", "overlap_param_gather", "force_sync"))
     r.add_argument("--steps", type=_positive_int)
@@ -140,13 +145,17 @@ def main(argv=None) -> int:
         previous_sigterm, restore = signal.signal(signal.SIGTERM, _sigterm_as_interrupt), True
     except ValueError:  # not the main thread (main() called from a test or an embedding program)
         previous_sigterm, restore = None, False
+    job, stdout = None, sys.stdout
     try:
-        return COMMANDS[args.cmd](args, argv)
+        job = _torchrun_start(args, argv)
+        if job is not None and job.rank != 0:
+            sys.stdout = open(os.devnull, "w")  # progress lines come from global rank 0 only
+        code = COMMANDS[args.cmd](args, argv)
     except ParityError as e:
         if isinstance(e, UsageError) and args.cmd in getattr(parser, "subcommands", {}):
             parser.subcommands[args.cmd].print_usage(sys.stderr)
         print(f"parity: {_one_line(e)}", file=sys.stderr)
-        return e.exit_code
+        code = e.exit_code
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_RUNTIME
@@ -155,15 +164,74 @@ def main(argv=None) -> int:
 
         if isinstance(e, DeterminismError):
             print(f"parity: {_one_line(e)}", file=sys.stderr)
-            return EXIT_USAGE
-        if os.environ.get("PARITY_DEBUG"):
-            raise
-        print(f"parity: internal error: {type(e).__name__}: {_one_line(e, 500)} "
-              f"(rerun with PARITY_DEBUG=1 for the traceback)", file=sys.stderr)
-        return EXIT_RUNTIME
+            code = EXIT_USAGE
+        else:
+            if os.environ.get("PARITY_DEBUG"):
+                raise
+            print(f"parity: internal error: {type(e).__name__}: {_one_line(e, 500)} "
+                  f"(rerun with PARITY_DEBUG=1 for the traceback)", file=sys.stderr)
+            code = EXIT_RUNTIME
     finally:
+        if sys.stdout is not stdout:
+            sys.stdout.close()
+            sys.stdout = stdout
         if restore:
             signal.signal(signal.SIGTERM, previous_sigterm if previous_sigterm is not None else signal.SIG_DFL)
+    return code if job is None else _torchrun_finish(job, code)
+
+
+def _torchrun_start(args, argv):
+    """Under torchrun, for the commands that launch ranks: this worker's job, after checking that
+    torchrun will not restart it, that every worker runs the same command (they must make the same
+    launches in the same order) and that every node has the same determinism environment and torch
+    (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
+    import torch
+
+    from parity.distributed.determinism import DETERMINISM_ENV
+    from parity.harness.errors import ConfigError, UsageError
+    from parity.harness.launch import torchrun_job, under_torchrun
+
+    if args.cmd not in ("run", "golden") or not under_torchrun():
+        return None
+    job = torchrun_job()
+    env = {k: os.environ.get(k) for k in sorted(DETERMINISM_ENV)}
+    views = job.allgather("start", {"argv": list(argv), "env": env, "torch": torch.__version__})
+    for rank, other in enumerate(views):
+        if other["argv"] != views[0]["argv"]:
+            raise UsageError(f"torchrun workers run different commands: rank 0 `parity {' '.join(views[0]['argv'])}`, "
+                             f"rank {rank} `parity {' '.join(other['argv'])}`")
+        if other["torch"] != views[0]["torch"]:
+            raise ConfigError(f"torchrun workers run different torch versions: rank 0 {views[0]['torch']}, "
+                              f"rank {rank} {other['torch']}")
+        differ = [k for k in env if other["env"][k] != views[0]["env"][k]]
+        if differ:
+            k = differ[0]
+            raise ConfigError(f"the determinism environment differs between nodes: {k}={views[0]['env'][k]!r} on "
+                              f"rank 0, {other['env'][k]!r} on rank {rank} (None: unset); export the same values "
+                              f"on every node")
+    return job
+
+
+def _torchrun_finish(job, code: int) -> int:
+    """The job's exit code, the same on every worker: rank 0's verdict (it alone saw every rank's
+    results and the goldens), unless some worker ended with a usage or runtime error of its own.
+    Returns once every worker knows it, after rank 0 wrote the report."""
+    import signal
+
+    try:
+        codes = job.allgather("exit", code, timeout_s=_TORCHRUN_EXIT_WAIT_S)
+    except Exception as e:
+        print(f"parity: {_one_line(e)}", file=sys.stderr)
+        return EXIT_RUNTIME
+    # From here the process only exits; a SIGTERM from torchrun's agent (another worker exited
+    # first) must not turn this worker's exit code into a signal.
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+    if any(c in (EXIT_USAGE, EXIT_RUNTIME) for c in codes):
+        return max(codes)
+    return codes[0]
 
 
 def _load_file(path: str):
@@ -202,10 +270,17 @@ def _resolve(names: list[str]):
     return out
 
 
-def _apply_overrides(s, args):
+def _apply_overrides(s, args, notes: list[str] | None = None):
+    """The scenario with the command line's overrides (renamed ``name[key=value+...]``).
+
+    Settings the flags imply are derived and said in ``notes``: ``--world`` alone lowers the EP to
+    the largest divisor of the world that divides the scenario's EP; ``--dense`` sets EP 1."""
+    import math
+
     from parity.harness.errors import UsageError
     from parity.harness.scenario import make_scenario
 
+    notes = [] if notes is None else notes
     raw = s.to_dict()
     changed = {}
     for flag, key in (("recipe", "recipe"), ("layout", "layout"), ("pair", "pair"), ("steps", "steps"),
@@ -221,11 +296,20 @@ def _apply_overrides(s, args):
     world = args.world if args.world is not None else args.dp
     if world is not None:
         changed["world"] = world
+    if changed.get("moe") is False:
+        if changed.get("ep", 1) > 1:
+            raise UsageError(f"--dense contradicts --ep {changed['ep']} (expert parallelism needs MoE layers)")
+        if raw["ep"] != 1:
+            changed["ep"] = 1
+            notes.append(f"{s.name}: --dense: ep {raw['ep']} -> 1 (a dense model has no experts)")
     if changed.get("ep", 1) > 1:
         changed["moe"] = True
         if world is None:
             changed["world"] = max(changed["ep"], raw["world"]) if raw["world"] % changed["ep"] == 0 \
                 else changed["ep"]
+    elif world is not None and "ep" not in changed and world % raw["ep"] != 0:
+        changed["ep"] = math.gcd(raw["ep"], world)
+        notes.append(f"{s.name}: --world {world}: ep {raw['ep']} does not divide it; using ep {changed['ep']}")
     if not changed:
         return s
     raw.update(changed)
@@ -242,11 +326,16 @@ def cmd_run(args, argv) -> int:
     from parity.harness.driver import run_scenario
     from parity.harness.errors import UsageError
     from parity.harness.resume import run_from_checkpoint
+    from parity.harness.launch import is_report_writer
     from parity.harness.runner import RunOptions
 
     _check_determinism_env(args.allow_nondeterministic)
     injections = tuple(parse_injection(s) for s in args.inject)
-    scenarios = [_apply_overrides(s, args) for s in _resolve(args.scenarios)]
+    notes: list[str] = []
+    scenarios = [_apply_overrides(s, args, notes) for s in _resolve(args.scenarios)]
+    if not args.quiet:
+        for note in notes:
+            print(f"[parity] note: {note}", flush=True)
     _check_injections(injections, scenarios)
     if args.resume_from and (len(scenarios) != 1 or scenarios[0].resume_at is not None):
         raise UsageError("--resume-from runs one scenario, without --resume-at / resume_at")
@@ -257,8 +346,9 @@ def cmd_run(args, argv) -> int:
     # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
     platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
                  for dev in dict.fromkeys(s.device for s in scenarios)}
-    out = _prepare_out(args.out)
-    if args.junit:
+    out = _prepare_out(args.out)  # every rank: each writes its own snapshots there
+    writer = is_report_writer()  # under torchrun global rank 0 alone writes report, summary, JUnit
+    if args.junit and writer:
         _check_writable_file(args.junit, "--junit")
     if args.golden == "check":
         _precheck_goldens(scenarios, args.goldens, args.allow_other_platform)
@@ -287,7 +377,8 @@ def cmd_run(args, argv) -> int:
     meta = {"version": _version(), "argv": ["parity"] + list(argv),
             "platform": platforms[scenarios[0].device]}
     try:
-        rep.write_reports(out, entries, meta, args.junit)
+        if writer:
+            rep.write_reports(out, entries, meta, args.junit)
     except OSError as e:
         raise RuntimeFailure(f"cannot write the report to {out!r}: {e.strerror or e}") from None
     status = rep.overall_status(entries)

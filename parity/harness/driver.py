@@ -1,18 +1,22 @@
-"""Parent side of a run: launch the ranks of each scenario, merge, check goldens, report."""
+"""Parent side of a run: launch the ranks of each scenario, merge, check goldens, report.
+
+The same under the built-in launcher and under torchrun: there every torchrun worker runs this
+module for its own rank, the ranks' results are gathered to global rank 0, and rank 0 merges them
+into the scenario's entry and shares it, so every worker takes the same decisions next.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import socket
 import sys
-import tempfile
 import threading
 import time
 
 from parity.harness import report as rep
 from parity.harness.errors import ConfigError
-from parity.harness.launch import LaunchConfig, RankFailure, launch
+from parity.harness.launch import LaunchConfig, RankFailure, launch, torchrun_job, under_torchrun
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
 
@@ -32,23 +36,21 @@ def _where(frame) -> tuple[bool, str]:
     return in_collective, where
 
 
-def _progress_rank_main(ctx, scenario, opts, progress_dir):
-    """rank_main plus a heartbeat file, so a crash or hang can be placed at a rank and step.
+def _progress_rank_main(ctx, scenario, opts):
+    """rank_main plus a heartbeat (the rank's status in the launcher's store), so a crash or hang
+    can be placed at a rank and step.
 
     Besides the step and phase the runner reports, a watcher thread records whether the main
     thread is waiting in a torch.distributed call: when a rank hangs, its peers time out *inside a
     collective* while the hung rank is somewhere else; that tells the culprit from its victims."""
     import parity.harness.runner as runner
 
-    path = os.path.join(progress_dir, f"rank_{ctx.rank}.json")
     state = {"rank": ctx.rank, "step": -1, "phase": "build", "t": time.time(),
-             "in_collective": False, "where": ""}
+             "in_collective": False, "where": "", "host": socket.gethostname()}
     lock = threading.Lock()
 
     def flush():  # with lock held
-        with open(path + ".tmp", "w") as f:
-            json.dump(state, f)
-        os.replace(path + ".tmp", path)
+        ctx.post_status(state)
 
     def beat(step, phase):
         with lock:
@@ -72,7 +74,9 @@ def _progress_rank_main(ctx, scenario, opts, progress_dir):
     runner.HEARTBEAT = beat
     beat(-1, "build")
     threading.Thread(target=watch, name="parity-progress-watch", daemon=True).start()
-    return rank_main(ctx, scenario, opts)
+    res = rank_main(ctx, scenario, opts)
+    res["host"] = state["host"]  # where this rank's snapshot files are (OUT may be per node)
+    return res
 
 
 def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: bool) -> LaunchConfig:
@@ -88,46 +92,56 @@ def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: 
 
 def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.0,
                  allow_nondeterministic: bool = False) -> tuple[dict, list[dict]]:
-    """Returns (report entry, per-rank results)."""
+    """Returns (report entry, per-rank results).
+
+    Under torchrun every worker calls this for the same scenarios in the same order; each gets the
+    same entry (rank 0's), and only rank 0 gets the per-rank results (the others get [])."""
     if scenario.resume_at is not None:  # two launches around a checkpoint (parity/harness/resume.py)
+        if under_torchrun():
+            raise ConfigError(f"scenario {scenario.name}: resume_at needs two launches; under torchrun run "
+                              f"the saving job and a `--resume-from` job one after the other")
         from parity.harness.resume import run_resume
         return run_resume(scenario, opts, timeout_s=timeout_s, allow_nondeterministic=allow_nondeterministic)
+    check_fits(scenario)
+    t0 = time.perf_counter()
+    try:
+        results = launch(_progress_rank_main, launch_config(scenario, timeout_s, allow_nondeterministic),
+                         scenario, opts)
+    except RankFailure as e:
+        failure = _place_failure(e, e.statuses)
+        step = failure["step"]
+        when = f"at step {step}" if isinstance(step, int) and step >= 0 else "during start-up"
+        msg = f"rank {failure['rank']} failed {when} ({failure['reason']})"
+        return rep.error_entry(scenario, msg, time.perf_counter() - t0, failure), []
+    if not under_torchrun():
+        return rep.merge_ranks(scenario, results, time.perf_counter() - t0), results
+    job = torchrun_job()
+    entry = rep.merge_ranks(scenario, results, time.perf_counter() - t0) if job.rank == 0 else None
+    return job.broadcast("entry", entry), (results if job.rank == 0 else [])
+
+
+def check_fits(scenario: Scenario) -> None:
+    """Refuse, before any rank starts, a scenario the ranks at hand cannot run (exit 2)."""
+    torchrun = under_torchrun()
+    if torchrun:
+        job = torchrun_job()
+        if scenario.world != job.world_size:
+            raise ConfigError(f"scenario {scenario.name}: world {scenario.world}, but torchrun started "
+                              f"{job.world_size} ranks (--nnodes x --nproc-per-node); start torchrun with "
+                              f"{scenario.world} ranks in all, or pass --world {job.world_size}")
     if scenario.device == "cuda":
         import torch
 
         have = torch.cuda.device_count()
-        if scenario.world > have:
-            # NCCL needs one GPU per rank; refusing here beats a failure inside every rank.
+        # NCCL needs one GPU per rank; refusing here beats a failure inside every rank.
+        if torchrun and torchrun_job().local_world_size > have:
+            raise ConfigError(f"scenario {scenario.name}: torchrun --nproc-per-node "
+                              f"{torchrun_job().local_world_size} needs as many GPUs on this node with NCCL "
+                              f"(one rank per GPU); {have} visible")
+        if not torchrun and scenario.world > have:
             raise ConfigError(f"scenario {scenario.name}: world {scenario.world} needs {scenario.world} "
                               f"GPUs with NCCL (one rank per GPU); {have} visible. Run it on a machine "
                               f"with enough GPUs, or lower --world/--ep")
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="parity-progress-") as prog:
-        try:
-            results = launch(_progress_rank_main, launch_config(scenario, timeout_s, allow_nondeterministic),
-                             scenario, opts, prog)
-        except RankFailure as e:
-            beats = _read_beats(prog)
-            failure = _place_failure(e, beats)
-            step = failure["step"]
-            when = f"at step {step}" if isinstance(step, int) and step >= 0 else "during start-up"
-            msg = f"rank {failure['rank']} failed {when} ({failure['reason']})"
-            return rep.error_entry(scenario, msg, time.perf_counter() - t0, failure), []
-    entry = rep.merge_ranks(scenario, results, time.perf_counter() - t0)
-    return entry, results
-
-
-def _read_beats(d) -> dict:
-    out = {}
-    for f in os.listdir(d):
-        if f.endswith(".json"):
-            try:
-                with open(os.path.join(d, f)) as fh:
-                    b = json.load(fh)
-                out[b["rank"]] = b
-            except (OSError, ValueError, KeyError):
-                pass
-    return out
 
 
 _PHASE_RANK = {"build": 0, "start": 1, "forward": 2, "grad_local": 3, "grad_reduce": 4,

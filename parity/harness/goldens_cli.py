@@ -84,6 +84,7 @@ def check_entry(entry, scenario, results, root=None, allow_other_platform=False)
 
 def golden_command(args, resolve) -> int:
     from parity.harness.driver import run_scenario
+    from parity.harness.launch import is_report_writer
     from parity.harness.runner import RunOptions
 
     root = Path(args.goldens) if args.goldens else default_root()
@@ -116,6 +117,8 @@ def golden_command(args, resolve) -> int:
                   f"not recording it")
             worst = max(worst, 1)
             continue
+        if not is_report_writer():
+            continue  # under torchrun global rank 0 alone holds every rank's records and writes goldens
         try:
             status, msgs = check_results(s, results, root)
         except GoldenError as e:

@@ -26,13 +26,25 @@ neither the rank nor the parent prints a traceback.
 
 The rendezvous store is a ``TCPStore`` served by the parent on a port the OS picks when it binds,
 so concurrent launches never race for a port. Ranks leave with ``os._exit`` once their result is
-sent: ``atexit`` handlers do not run in ranks.
+sent: ``atexit`` handlers do not run in ranks. A rank may post a small status (``ctx.post_status``,
+e.g. the step it is at) to that store; a :class:`RankFailure` carries every rank's last status.
+
+Under torchrun (any number of nodes) each process torchrun starts is the *supervisor* of one rank:
+it starts that rank as its own child, exactly as above, and watches it. Supervisors share torchrun's
+store (the agent's ``TCPStore``, ``MASTER_ADDR:MASTER_PORT``); the ranks rendezvous through it under
+a key prefix of their own. A rank that fails makes its supervisor post an abort; every supervisor
+then stops its rank, and every supervisor posts how its rank ended. Global rank 0's supervisor
+assembles one :class:`RankFailure` (or, on success, the results, which the ranks gather to rank 0
+over their process group) and shares the verdict, so every supervisor raises the same failure. A
+supervisor never dies with its rank, so torchrun's agents see no worker fail before the verdict is
+out. torchrun must run with ``--max-restarts 0``: :func:`torchrun_job` refuses anything else.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -58,8 +70,11 @@ __all__ = [
     "LaunchConfig",
     "RankContext",
     "RankFailure",
+    "TorchrunJob",
     "free_port",
+    "is_report_writer",
     "launch",
+    "torchrun_job",
     "under_torchrun",
 ]
 
@@ -67,6 +82,8 @@ _BACKENDS = ("gloo", "nccl")
 _DEVICES = ("cpu", "cuda")
 _START_METHODS = ("spawn", "forkserver")
 _TRACEBACK_LINES = 20  # lines of a rank's traceback kept in the RankFailure message
+_POLL_S = 0.5  # under torchrun: how often a supervisor looks for an abort posted by another node
+_STORE_PREFIX = "parity"  # every key parity puts in a rendezvous store lives under this prefix
 
 
 @dataclass(kw_only=True)
@@ -154,6 +171,16 @@ class RankContext:
     """How this rank was started: "spawn" or "forkserver" (by :func:`launch`), or "torchrun"."""
     determinism: dict[str, Any]
     """What :func:`~parity.distributed.determinism.apply_determinism` applied in this rank."""
+    status_store: Any = field(default=None, repr=False, compare=False)
+    """A client of the launcher's store (its own connection) that :meth:`post_status` writes to."""
+
+    def post_status(self, status: dict[str, Any]) -> None:
+        """Publish this rank's latest status (a small JSON-serialisable dict), replacing the last.
+
+        The launcher keeps it beyond the rank's death: a :class:`RankFailure` carries the last
+        status of every rank (``statuses``), e.g. to tell at which step a rank crashed or hung."""
+        if self.status_store is not None:
+            self.status_store.set(f"status/{self.rank}", json.dumps(status))
 
 
 @dataclass(frozen=True)
@@ -170,6 +197,10 @@ class FailedRank:
     """``ExceptionType: message`` when the rank raised."""
     traceback: str | None = None
     """The rank's full traceback text when it raised."""
+    at: float | None = None
+    """Wall-clock time the rank raised (its own clock), when it raised."""
+    deadline: bool = False
+    """True for a rank the watchdog stopped at the deadline."""
 
 
 class RankFailure(RuntimeError):
@@ -177,14 +208,19 @@ class RankFailure(RuntimeError):
 
     exit_code = 3
 
-    def __init__(self, failures: list[FailedRank], stopped: list[int], pids: dict[int, int]):
+    def __init__(self, failures: list[FailedRank], stopped: list[int], pids: dict[int, int],
+                 statuses: dict[int, dict] | None = None):
         self.failures = failures
         """Failed ranks, first observed first; ``failures[0]`` is the one that ended the run."""
         self.stopped = stopped
         """Ranks the launcher terminated because of the failure."""
         self.pids = pids
-        """Process id of every rank that was started, by rank (all reaped by now)."""
+        """Process id of every rank that was started, by rank (all reaped by now; under torchrun
+        each pid is one on the node of that rank)."""
+        self.statuses = statuses or {}
+        """The last status each rank posted (:meth:`RankContext.post_status`), by rank."""
         super().__init__(self._message())
+
 
     @property
     def rank(self) -> int:
@@ -214,15 +250,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def under_torchrun() -> bool:
-    """True when this process is a rank started by torchrun (RANK and WORLD_SIZE are set)."""
+    """True when this process was started by torchrun (RANK and WORLD_SIZE are set)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch(fn: Callable[..., Any], cfg: LaunchConfig | None, *args: Any) -> list[Any]:
+def is_report_writer() -> bool:
+    """Whether this process writes a run's shared outputs (report, JUnit, goldens): always, except
+    under torchrun, where global rank 0 alone does."""
+    return not under_torchrun() or torchrun_job().rank == 0
+
+
+def launch(fn: Callable[..., Any], cfg: LaunchConfig | None, *args: Any) -> list[Any] | None:
     """Run ``fn(ctx, *args)`` on every rank and return the results in rank order.
 
-    Under torchrun (RANK and WORLD_SIZE set) this process is one rank: the process group is
-    initialised here (unless it already is), ``fn`` runs once, and ``[result]`` is returned.
+    Under torchrun (RANK and WORLD_SIZE set) this process supervises rank RANK only: it starts it,
+    watches it and the other supervisors, and the ranks gather their results to rank 0 over their
+    process group. Every supervisor of the job must call ``launch`` the same number of times, in
+    the same order, with the same ``cfg.world_size`` (= torchrun's WORLD_SIZE).
 
     Args:
         fn: top-level function ``fn(ctx: RankContext, *args)``; its result must be picklable.
@@ -230,52 +274,208 @@ def launch(fn: Callable[..., Any], cfg: LaunchConfig | None, *args: Any) -> list
         *args: passed to ``fn`` in every rank; must be picklable.
 
     Returns:
-        ``[result of rank 0, result of rank 1, ...]`` (one element under torchrun).
+        ``[result of rank 0, result of rank 1, ...]``; under torchrun that list on global rank 0
+        and None on every other rank.
 
     Raises:
         DeterminismError: the environment violates the determinism rules (nothing was started).
-        RankFailure: a rank failed; every rank has been stopped.
+        RankFailure: a rank failed; every rank has been stopped. Under torchrun every supervisor
+            raises the same failure, assembled from all nodes.
     """
     cfg = LaunchConfig() if cfg is None else cfg
     if under_torchrun():
-        return [_run_in_this_process(fn, cfg, args)]
+        return _launch_under_torchrun(fn, cfg, args)
     return _spawn_and_monitor(fn, cfg, args)
 
 
 # ---------------------------------------------------------------------------------------------
-# Torchrun: this process is one rank
+# Torchrun: this process supervises one rank; the supervisors meet in torchrun's store
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_in_this_process(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -> Any:
-    world_size = int(os.environ["WORLD_SIZE"])
-    if world_size != cfg.world_size:
+class TorchrunJob:
+    """This process's place in a torchrun job, and a namespace of the job's store for parity.
+
+    Keys are numbered by a per-process sequence: every supervisor makes the same calls in the same
+    order, so the n-th call of each names the same keys. Nothing here is a collective over a
+    process group (supervisors have none); everything goes through the store torchrun serves.
+    """
+
+    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 300.0):
+        from parity.harness.errors import ConfigError
+
+        env = os.environ if env is None else env
+        self.rank = int(env["RANK"])
+        """Global rank of the rank this process supervises."""
+        self.world_size = int(env["WORLD_SIZE"])
+        """Number of ranks in the job (all nodes)."""
+        self.local_rank = int(env.get("LOCAL_RANK", self.rank))
+        """Rank on this node (the GPU index on CUDA)."""
+        self.local_world_size = int(env.get("LOCAL_WORLD_SIZE", self.world_size))
+        """Ranks on this node."""
+        self.max_restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        """torchrun's --max-restarts."""
+        if self.max_restarts > 0:
+            raise ConfigError(
+                f"torchrun --max-restarts {self.max_restarts}: a parity run must not be restarted (a "
+                f"failed or mismatching rank would rerun the whole job and hide the first verdict); "
+                f"start torchrun with --max-restarts 0")
+        self.addr = env.get("MASTER_ADDR", "127.0.0.1")
+        """Host of torchrun's store."""
+        self.port = int(env.get("MASTER_PORT", "0"))
+        """Port of torchrun's store."""
+        # torchrun's agent serves the store (the default); else rank 0 serves it, as env:// does.
+        hosts = env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and self.rank == 0
+        run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+        self.prefix = f"{_STORE_PREFIX}/{run_id}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        """Key prefix of everything parity puts in the store for this job."""
+        self.timeout_s = timeout_s
+        try:
+            tcp = dist.TCPStore(self.addr, self.port, is_master=hosts, timeout=timedelta(seconds=timeout_s),
+                                wait_for_workers=False)
+        except Exception as exc:
+            raise self._lost(f"cannot reach it ({type(exc).__name__}: {exc})") from None
+        self._tcp = tcp
+        self.store = dist.PrefixStore(self.prefix, tcp)
+        """The job's store, under :attr:`prefix`."""
+        self._seq = 0
+
+    def _lost(self, what: str) -> Exception:
+        from parity.harness.errors import RuntimeFailure
+
+        return RuntimeFailure(f"torchrun store {self.addr}:{self.port}: {what}")
+
+    def next_prefix(self, name: str) -> str:
+        """A fresh key prefix, the same on every supervisor for its n-th call."""
+        self._seq += 1
+        return f"{self._seq}-{name}"
+
+    def wait(self, keys: list[str], timeout_s: float, what: str) -> None:
+        try:
+            self.store.wait(keys, timedelta(seconds=timeout_s))
+        except Exception as exc:
+            raise self._lost(f"no {what} within {timeout_s:.0f} s ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+    def broadcast(self, name: str, obj: Any = None, timeout_s: float | None = None) -> Any:
+        """Rank 0's ``obj``, on every rank (others pass anything)."""
+        key = f"{self.next_prefix(name)}/value"
+        if self.rank == 0:
+            self.store.set(key, pickle.dumps(obj))
+            return obj
+        self.wait([key], self.timeout_s if timeout_s is None else timeout_s, f"{name} from rank 0")
+        return pickle.loads(self.store.get(key))
+
+    def allgather(self, name: str, obj: Any, timeout_s: float | None = None) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank; also a barrier."""
+        prefix = self.next_prefix(name)
+        self.store.set(f"{prefix}/{self.rank}", pickle.dumps(obj))
+        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
+        self.wait(keys, self.timeout_s if timeout_s is None else timeout_s, f"{name} from every rank")
+        values = [pickle.loads(v) for v in self.store.multi_get(keys)]
+        # Nobody leaves before everyone has read: the store may go when the first process exits.
+        done = f"{prefix}/read"
+        if self.store.add(done, 1) == self.world_size:
+            self.store.set(f"{prefix}/all-read", b"1")
+        self.wait([f"{prefix}/all-read"], self.timeout_s if timeout_s is None else timeout_s,
+                  f"{name}: every rank reading")
+        return values
+
+
+_JOB: TorchrunJob | None = None
+
+
+def torchrun_job() -> TorchrunJob:
+    """The torchrun job this process belongs to (made on first use; connects to torchrun's store).
+
+    Raises:
+        ConfigError: torchrun runs with --max-restarts above 0.
+        RuntimeFailure: torchrun's store cannot be reached.
+    """
+    global _JOB
+    if _JOB is None:
+        _JOB = TorchrunJob()
+    return _JOB
+
+
+def _launch_under_torchrun(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -> list[Any] | None:
+    job = torchrun_job()
+    if cfg.world_size != job.world_size:
         raise ValueError(
-            f"launched by torchrun with WORLD_SIZE={world_size} but LaunchConfig.world_size={cfg.world_size}"
+            f"launched by torchrun with WORLD_SIZE={job.world_size} but LaunchConfig.world_size={cfg.world_size}"
         )
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    os.environ.update(cfg.env)
-    applied = apply_determinism(
-        os.environ, allow_nondeterministic=cfg.allow_nondeterministic, num_threads=cfg.num_threads
-    )
-    device = _rank_device(cfg, local_rank, local_world_size)
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group(
-            cfg.backend, init_method="env://", rank=rank, world_size=world_size,
-            timeout=timedelta(seconds=cfg.timeout_s),
-        )
-    ctx = RankContext(
-        rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
-        device=device, backend=cfg.backend, launcher="torchrun", determinism=applied,
-    )
+    ns_name = job.next_prefix("launch")
+    ns = dist.PrefixStore(ns_name, job.store)
+    me = job.rank
+
+    def abort() -> str | None:
+        try:
+            return "a rank on another node failed" if ns.check(["abort"]) else None
+        except Exception as exc:
+            return f"torchrun's store is gone ({type(exc).__name__})"
+
+    plan = _RankPlan(rank=me, world_size=job.world_size, local_rank=job.local_rank,
+                     local_world_size=job.local_world_size, store_addr=job.addr, store_port=job.port,
+                     store_prefix=f"{job.prefix}/{ns_name}", gather=True, launcher="torchrun")
+    out = _supervise(fn, cfg, args, [plan], abort)
+    outcome = {"ok": me in out.results, "failures": out.failures, "stopped": out.stopped, "pids": out.pids}
+    # Bounded: once any rank failed every supervisor stops its rank within _POLL_S + grace_s.
+    wait_s = cfg.timeout_s + cfg.grace_s + 60.0
     try:
-        return fn(ctx, *args)
-    finally:
-        if owns_group:
-            dist.destroy_process_group()
+        if out.failures:
+            ns.set("abort", str(me))
+        ns.set(f"outcome/{me}", pickle.dumps(outcome))
+        if me == 0:
+            verdict = _job_verdict(ns, job.world_size, outcome, wait_s)
+            ns.set("verdict", pickle.dumps(verdict))
+        else:
+            ns.wait(["verdict"], timedelta(seconds=2 * wait_s))
+            verdict = pickle.loads(ns.get("verdict"))
+    except Exception as exc:  # the store is gone (an agent exited) or rank 0's supervisor is
+        raise job._lost(f"lost while the ranks' outcomes were collected ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); this rank "
+                        f"{'failed: ' + out.failures[0].reason if out.failures else 'had no failure'}") from None
+    if verdict["ok"]:
+        return out.results[me] if me == 0 else None
+    raise RankFailure(verdict["failures"], verdict["stopped"], verdict["pids"], verdict["statuses"])
+
+
+def _job_verdict(ns: Any, world_size: int, mine: dict, wait_s: float) -> dict:
+    """Rank 0's supervisor: every supervisor's outcome, made into one verdict."""
+    outcomes = {0: mine}
+    end = time.monotonic() + wait_s
+    for r in range(1, world_size):
+        try:
+            ns.wait([f"outcome/{r}"], timedelta(seconds=max(0.1, end - time.monotonic())))
+            outcomes[r] = pickle.loads(ns.get(f"outcome/{r}"))
+        except Exception:
+            outcomes[r] = None
+    if all(o is not None and o["ok"] for o in outcomes.values()):
+        return {"ok": True}
+    failures: list[FailedRank] = []
+    stopped: list[int] = []
+    pids: dict[int, int] = {}
+    for r, o in sorted(outcomes.items()):
+        if o is None:
+            failures.append(FailedRank(rank=r, reason=f"its supervisor (the torchrun worker of rank {r}) "
+                                                      f"reported nothing within {wait_s:.0f} s"))
+            continue
+        failures += o["failures"]
+        stopped += o["stopped"]
+        pids.update(o["pids"])
+    if not failures:  # every rank was stopped, none failed by itself (e.g. the store went away)
+        failures = [FailedRank(rank=r, reason="stopped: torchrun's store or another supervisor went away")
+                    for r in stopped]
+        stopped = []
+    statuses = {}
+    for r in range(world_size):
+        try:
+            if ns.check([f"status/{r}"]):
+                statuses[r] = json.loads(ns.get(f"status/{r}"))
+        except Exception:
+            pass
+    return {"ok": False, "failures": _cause_first(failures), "stopped": sorted(stopped), "pids": pids,
+            "statuses": statuses}
 
 
 def _rank_device(cfg: LaunchConfig, local_rank: int, local_world_size: int) -> torch.device:
@@ -412,18 +612,36 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _RankPlan:
+    """Where one spawned rank sits and how it meets its peers."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    store_addr: str
+    store_port: int
+    store_prefix: str
+    """Key prefix of this launch in the store: the process group under ``<prefix>/pg``, statuses
+    under ``<prefix>/status/<rank>``."""
+    gather: bool
+    """Gather every rank's result to rank 0 over the process group (rank 0 returns the list,
+    the others None): torchrun, where no single parent sees every rank."""
+    launcher: str
+
+
 def _rank_main(
-    rank: int,
-    world_size: int,
+    plan: _RankPlan,
     cfg: LaunchConfig,
     payload: bytes,
     conn: connection.Connection,
     parent_pid: int | None,
-    store_port: int,
     parent_env: dict[str, str],
     std_fds: tuple[int, int],
 ) -> None:
     """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
+    rank, world_size = plan.rank, plan.world_size
     _die_with_parent(conn, parent_pid)
     _adopt_std_streams(*std_fds)
     if cfg.prefix_output:
@@ -437,24 +655,36 @@ def _rank_main(
             os.environ.update(parent_env)
         os.environ.update(cfg.env)
         os.environ.update(
-            MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(store_port), RANK=str(rank),
-            WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR=plan.store_addr, MASTER_PORT=str(plan.store_port), RANK=str(rank),
+            WORLD_SIZE=str(world_size), LOCAL_RANK=str(plan.local_rank),
+            LOCAL_WORLD_SIZE=str(plan.local_world_size),
         )
         # Before any communicator or CUDA context exists.
         applied = apply_determinism(
             os.environ, allow_nondeterministic=cfg.allow_nondeterministic, num_threads=cfg.num_threads
         )
         fn, args = pickle.loads(payload)
-        device = _rank_device(cfg, rank, world_size)
+        device = _rank_device(cfg, plan.local_rank, plan.local_world_size)
         timeout = timedelta(seconds=cfg.timeout_s)
-        store = dist.TCPStore(cfg.master_addr, store_port, is_master=False, timeout=timeout)
+
+        def client() -> Any:
+            return dist.TCPStore(plan.store_addr, plan.store_port, is_master=False, timeout=timeout)
+
+        store = dist.PrefixStore(f"{plan.store_prefix}/pg", client())
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         conn.send_bytes(pickle.dumps(("ready", None)))
         ctx = RankContext(
-            rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
-            device=device, backend=cfg.backend, launcher=cfg.start_method, determinism=applied,
+            rank=rank, world_size=world_size, local_rank=plan.local_rank,
+            local_world_size=plan.local_world_size, device=device, backend=cfg.backend,
+            launcher=plan.launcher, determinism=applied,
+            # Its own connection: a status posted from a thread never shares a socket with the group.
+            status_store=dist.PrefixStore(plan.store_prefix, client()),
         )
         result = fn(ctx, *args)
+        if plan.gather:
+            gathered = [None] * world_size if rank == 0 else None
+            dist.gather_object(result, gathered, dst=0)
+            result = gathered
         try:
             message = pickle.dumps(("ok", result))
         except Exception as exc:
@@ -493,10 +723,32 @@ def _describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def _cause_first(failures: list[FailedRank]) -> list[FailedRank]:
+    """``failures`` ordered so the likely cause of the run's end comes first.
+
+    The parent may see events in another order than they happened: a rank's exit status can reach
+    it after the errors its death caused in its peers ("connection closed by peer"), in particular
+    through a fork server, which relays exit statuses, and under torchrun, where each node sees
+    its own ranks. So: ranks that missed the deadline first (the watchdog's reason to stop), then
+    ranks that ended without reporting an error (exit code, signal), then ranks that raised, in
+    the order they raised.
+    """
+
+    def key(item: tuple[int, FailedRank]) -> tuple[int, float, int]:
+        seen, f = item
+        if f.deadline:
+            return (0, 0.0, seen)
+        if f.error is None:
+            return (1, 0.0, seen)
+        return (2, f.at if f.at is not None else float("inf"), seen)
+
+    return [f for _, f in sorted(enumerate(failures), key=key)]
+
+
 class _Monitor:
     """Parent-side bookkeeping for one launch."""
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, ranks: list[int] | None = None):
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, connection.Connection] = {}
         self.ready: set[int] = set()
@@ -506,9 +758,11 @@ class _Monitor:
         self.failures: list[FailedRank] = []
         self.deadline_missed: set[int] = set()
         self.world_size = world_size
+        self.ranks = list(range(world_size)) if ranks is None else list(ranks)
+        """The ranks this process started (all of them, or under torchrun its one rank)."""
 
     def pending(self) -> list[int]:
-        return [r for r in range(self.world_size) if r not in self.finished and r not in self.failed_ranks()]
+        return [r for r in self.ranks if r not in self.finished and r not in self.failed_ranks()]
 
     def failed_ranks(self) -> set[int]:
         return {f.rank for f in self.failures}
@@ -535,30 +789,15 @@ class _Monitor:
     def fail(self, rank: int, exitcode: int | None, reason: str | None = None) -> None:
         if rank in self.failed_ranks():
             return
-        error, tb, _ = self.errors.get(rank, (None, None, None))
+        error, tb, at = self.errors.get(rank, (None, None, None))
         if reason is None:
             reason = f"raised {error}" if error else _describe_exit(exitcode)
-        self.failures.append(FailedRank(rank=rank, reason=reason, exitcode=exitcode, error=error, traceback=tb))
+        self.failures.append(FailedRank(rank=rank, reason=reason, exitcode=exitcode, error=error, traceback=tb,
+                                        at=at, deadline=rank in self.deadline_missed))
 
     def cause_first(self) -> None:
-        """Order ``failures`` so the likely cause of the run's end comes first.
-
-        The parent may see events in another order than they happened: a rank's exit status
-        can reach it after the errors its death caused in its peers ("connection closed by
-        peer"), in particular through a fork server, which relays exit statuses. So: ranks that
-        missed the deadline first (the watchdog's reason to stop), then ranks that ended without
-        reporting an error (exit code, signal), then ranks that raised, in the order they raised.
-        """
-
-        def key(item: tuple[int, FailedRank]) -> tuple[int, float, int]:
-            seen, f = item
-            if f.rank in self.deadline_missed:
-                return (0, 0.0, seen)
-            if f.rank not in self.errors:
-                return (1, 0.0, seen)
-            return (2, self.errors[f.rank][2], seen)
-
-        self.failures = [f for _, f in sorted(enumerate(self.failures), key=key)]
+        """Order ``failures`` so the likely cause of the run's end comes first (:func:`_cause_first`)."""
+        self.failures = _cause_first(self.failures)
 
     def on_exit(self, rank: int) -> None:
         """Rank ``rank``'s process has ended."""
@@ -601,7 +840,49 @@ def _stop(procs: dict[int, Any], grace_s: float) -> list[int]:
     return sorted(alive)
 
 
+@dataclass
+class _Outcome:
+    """How the ranks one process started ended."""
+
+    results: dict[int, Any]
+    """Results of the ranks that delivered one."""
+    failures: list[FailedRank]
+    """Failed ranks, cause first (empty when none failed)."""
+    stopped: list[int]
+    """Ranks this process terminated (another rank failed, or an abort came)."""
+    pids: dict[int, int]
+    deadline_missed: set[int]
+
+
 def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -> list[Any]:
+    """The built-in launcher: every rank a child of this process, which serves their store."""
+    timeout = timedelta(seconds=cfg.timeout_s)
+    # The parent serves the rendezvous store: binding port 0 lets the OS pick a free port with no
+    # window in which another process could take it, and the store outlives any rank.
+    store = dist.TCPStore(cfg.master_addr, cfg.master_port, is_master=True, timeout=timeout, wait_for_workers=False)
+    plans = [_RankPlan(rank=r, world_size=cfg.world_size, local_rank=r, local_world_size=cfg.world_size,
+                       store_addr=cfg.master_addr, store_port=store.port, store_prefix=_STORE_PREFIX,
+                       gather=False, launcher=cfg.start_method) for r in range(cfg.world_size)]
+    try:
+        out = _supervise(fn, cfg, args, plans, abort=None)
+        if out.failures:
+            statuses = {}
+            ns = dist.PrefixStore(_STORE_PREFIX, store)
+            for rank in range(cfg.world_size):
+                if ns.check([f"status/{rank}"]):
+                    statuses[rank] = json.loads(ns.get(f"status/{rank}"))
+            raise RankFailure(out.failures, out.stopped, out.pids, statuses)
+    finally:
+        del store
+    return [out.results[rank] for rank in range(cfg.world_size)]
+
+
+def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: list[_RankPlan],
+               abort: Callable[[], str | None] | None) -> _Outcome:
+    """Start one child per plan, watch them until all delivered or one failed, stop the rest.
+
+    ``abort``: polled every ``_POLL_S``; a reason it returns (another node's rank failed) stops
+    this process's ranks as a failure here would."""
     if not cfg.allow_nondeterministic:
         # Fail before starting anything (each rank would raise the same DeterminismError);
         # checked on a copy, the parent's environment is left alone.
@@ -613,16 +894,12 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
             f"launch: fn and args must be picklable (define fn at module top level): {type(exc).__name__}: {exc}"
         ) from None
 
-    timeout = timedelta(seconds=cfg.timeout_s)
-    # The parent serves the rendezvous store: binding port 0 lets the OS pick a free port with no
-    # window in which another process could take it, and the store outlives any rank.
-    store = dist.TCPStore(cfg.master_addr, cfg.master_port, is_master=True, timeout=timeout, wait_for_workers=False)
     ctx = mp.get_context(cfg.start_method)
     if cfg.start_method == "forkserver":
         # Imported once, in the server: torch, and torch._inductor.config, which
         # torch.use_deterministic_algorithms imports (about 1 s of CPU per rank otherwise).
         ctx.set_forkserver_preload(["parity.harness.launch", "torch._inductor.config"])
-    mon = _Monitor(cfg.world_size)
+    mon = _Monitor(plans[0].world_size, [p.rank for p in plans])
     deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
     # The OS parent of a spawned rank (a forkserver rank's is the fork server).
     parent_pid = os.getpid() if cfg.start_method == "spawn" else None
@@ -634,17 +911,17 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
             pass
     std_fds = (_InheritedFd(1), _InheritedFd(2))
     try:
-        for rank in range(cfg.world_size):
+        for plan in plans:
             # Duplex: the rank watches its end for EOF to notice the parent's death.
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, cfg.world_size, cfg, payload, child_end, parent_pid, store.port, parent_env, std_fds),
-                name=f"parity-rank-{rank}",
+                args=(plan, cfg, payload, child_end, parent_pid, parent_env, std_fds),
+                name=f"parity-rank-{plan.rank}",
             )
             proc.start()
             child_end.close()  # only the rank holds its end: EOF there means the rank is gone
-            mon.procs[rank], mon.conns[rank] = proc, parent_end
+            mon.procs[plan.rank], mon.conns[plan.rank] = proc, parent_end
 
         while mon.pending() and not mon.failures:
             wait_s = None if deadline is None else deadline - time.monotonic()
@@ -657,6 +934,8 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
                     mon.deadline_missed.add(rank)
                     mon.fail(rank, None, f"did not finish within deadline_s={cfg.deadline_s} s (hung while {phase})")
                 break
+            if abort is not None:
+                wait_s = _POLL_S if wait_s is None else min(wait_s, _POLL_S)
             waitables: dict[Any, tuple[str, int]] = {}
             for rank in mon.pending():
                 waitables[mon.procs[rank].sentinel] = ("exit", rank)
@@ -670,13 +949,14 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
             for obj, (kind, rank) in waitables.items():
                 if kind == "exit" and mon.procs[rank].exitcode is not None and rank in mon.pending():
                     mon.on_exit(rank)
+            if abort is not None and mon.pending() and not mon.failures and abort() is not None:
+                break  # the pending ranks are stopped below, as ranks stopped because of a failure
     finally:
         signalled = _stop(mon.procs, cfg.grace_s)
         for rank in list(mon.conns):
             mon.drain(rank)  # errors that ranks reported before they were stopped
         for conn in mon.conns.values():
             conn.close()
-        del store
 
     # Every rank is reaped now. Ranks that ended by themselves without being recorded yet (their
     # exit status came late) are failures too; the ones that ended by the launcher's signals were
@@ -690,13 +970,12 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
             stopped.append(rank)
         elif not (proc.exitcode == 0 and rank in mon.results):  # (a normal end just as we stopped)
             mon.on_exit(rank)
-    if mon.failures:
-        mon.cause_first()
-        failures = [  # how each failed rank ended; a rank that missed the deadline did not end by itself
-            f if f.exitcode is not None or f.rank in mon.deadline_missed
-            else dataclasses.replace(f, exitcode=mon.procs[f.rank].exitcode)
-            for f in mon.failures
-        ]
-        pids = {rank: proc.pid for rank, proc in mon.procs.items()}
-        raise RankFailure(failures, stopped, pids)
-    return [mon.results[rank] for rank in range(cfg.world_size)]
+    mon.cause_first()
+    failures = [  # how each failed rank ended; a rank that missed the deadline did not end by itself
+        f if f.exitcode is not None or f.rank in mon.deadline_missed
+        else dataclasses.replace(f, exitcode=mon.procs[f.rank].exitcode)
+        for f in mon.failures
+    ]
+    pids = {rank: proc.pid for rank, proc in mon.procs.items()}
+    return _Outcome(results=dict(mon.results), failures=failures, stopped=stopped, pids=pids,
+                    deadline_missed=set(mon.deadline_missed))

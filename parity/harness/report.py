@@ -64,6 +64,7 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
         "buffers": results[0]["buffers"] if results else [],
         "persistent_bytes": results[0]["persistent_bytes"] if results else {},
         "snapshots": [p for r in results for p in r.get("snapshots", [])],
+        "hosts": {str(r["rank"]): r["host"] for r in results if r.get("host")},
         "golden": "off",
         "elapsed_s": round(elapsed_s, 2),
         "scenario": scenario.to_dict(),
@@ -166,6 +167,10 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def write_reports(out_dir: str, entries: list[dict], meta: dict, junit: str | None = None) -> None:
+    """report.json, summary.md, JUnit (when asked) and, when there are snapshots, their index.
+
+    One process writes these for the whole run (under torchrun: global rank 0); every rank
+    writes its own snapshot files."""
     report = {"parity_version": meta.get("version"), "platform": meta.get("platform"),
               "argv": meta.get("argv"), "scenarios": entries,
               "status": overall_status(entries)}
@@ -173,6 +178,29 @@ def write_reports(out_dir: str, entries: list[dict], meta: dict, junit: str | No
     atomic_write_text(os.path.join(out_dir, "summary.md"), summary_md(entries))
     if junit:
         atomic_write_text(junit, junit_xml(entries))
+    index = snapshot_index(out_dir, entries)
+    if index["scenarios"]:
+        atomic_write_text(os.path.join(out_dir, "snapshots", "index.json"), json.dumps(index, indent=1))
+
+
+def snapshot_index(out_dir: str, entries: list[dict]) -> dict:
+    """Every snapshot file of the run: per scenario its step, rank, file (relative to ``out_dir``)
+    and the host of the rank that wrote it (with an OUT local to each node, the file is there)."""
+    from parity.harness.snapshot import parse_snapshot_filename
+
+    scenarios = {}
+    for e in entries:
+        files = []
+        for path in e.get("snapshots") or []:
+            parsed = parse_snapshot_filename(os.path.basename(path))
+            if parsed is None:
+                continue
+            step, rank = parsed
+            files.append({"step": step, "rank": rank, "file": os.path.relpath(path, out_dir),
+                          "host": (e.get("hosts") or {}).get(str(rank))})
+        if files:
+            scenarios[e["name"]] = sorted(files, key=lambda f: (f["step"], f["rank"]))
+    return {"scenarios": scenarios}
 
 
 def overall_status(entries) -> str:

@@ -127,3 +127,54 @@ def test_pytest_plugin_collects_scenarios_and_regenerates(tmp_path):
     assert missing.returncode == 1 and "golden missing" in missing.stdout
     assert run("--parity-regen").returncode == 0
     assert run().returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# --world alone derives a fitting EP; --dense
+# ---------------------------------------------------------------------------------------------
+
+
+def _overridden(*flags, scenario="default"):
+    from parity.cli import _apply_overrides, _resolve, build_parser
+
+    args = build_parser().parse_args(["run", scenario, *flags])
+    notes = []
+    (s,) = [_apply_overrides(s, args, notes) for s in _resolve(args.scenarios)]
+    return s, notes
+
+
+@pytest.mark.parametrize("world, ep", [(1, 1), (3, 1), (2, 2), (6, 2), (8, 2)])
+def test_world_alone_derives_the_ep_that_fits(world, ep):
+    s, notes = _overridden("--world", str(world))  # the default scenario: MoE, world 4, EP 2
+    assert (s.world, s.ep, s.moe) == (world, ep, True)
+    assert s.world % s.ep == 0
+    if ep != 2:
+        assert notes == [f"default: --world {world}: ep 2 does not divide it; using ep {ep}"]
+    else:
+        assert notes == []
+
+
+def test_dense_is_the_opposite_of_moe():
+    s, notes = _overridden("--dense")
+    assert (s.moe, s.ep, s.world) == (False, 1, 4)
+    assert notes == ["default: --dense: ep 2 -> 1 (a dense model has no experts)"]
+    s, _ = _overridden("--dense", "--world", "1")
+    assert (s.moe, s.ep, s.world) == (False, 1, 1)
+
+
+def test_dense_with_ep_or_moe_is_a_usage_error():
+    r = parity("run", "--dense", "--ep", "2")
+    assert r.returncode == 2 and "--dense contradicts --ep 2" in r.stderr and "Traceback" not in r.stderr
+    r = parity("run", "--dense", "--moe")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_world_1_runs_and_says_which_ep(tmp_path):
+    out = tmp_path / "o"
+    r = parity("run", "--world", "1", "--steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[parity] note: default: --world 1: ep 2 does not divide it; using ep 1" in r.stdout
+    (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+    assert (e["scenario"]["world"], e["scenario"]["ep"], e["scenario"]["moe"]) == (1, 1, True)
+    assert e["status"] == "pass" and e["compared"] > 0

@@ -1,0 +1,274 @@
+"""parity under torchrun: two torchrun agents on 127.0.0.1 stand in for two nodes.
+
+Each agent runs ``torchrun --nnodes 2 --nproc-per-node 2`` with the c10d rendezvous, so the job has
+4 ranks on 2 "nodes". The cases check what a user of a real cluster relies on: one report written
+by global rank 0 and equal to the built-in launcher's for the same scenario (comparison count, first
+divergence of an injected ULP, golden verdict), goldens regenerated and checked under torchrun, and
+a crashed or hung rank named with its step in the report, every worker exiting 3 and no process
+left behind. The scenario is small (world 4, EP 2, MoE, one layer, 2-3 steps) for 2-core CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from parity.harness.launch import free_port
+
+PARITY = [sys.executable, "-m", "parity.cli"]
+MARKER_VAR = "PARITY_TORCHRUN_MARKER"
+AGENT_TIMEOUT_S = 300
+
+TINY4 = """\
+name = "tiny4"
+world = 4
+ep = 2
+moe = true
+steps = 3
+model = { num_layers = 1, seq_len = 16, micro_batch = 1 }
+"""
+
+
+def _env(marker: str) -> dict:
+    env = dict(os.environ)
+    for k in ("NCCL_ALGO", "NCCL_NVLS_ENABLE", "CUBLAS_WORKSPACE_CONFIG", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+              "CUDA_DEVICE_MAX_CONNECTIONS", "PARITY_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+              "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env[MARKER_VAR] = marker
+    return env
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries the marker (agents, workers, ranks, fork servers)."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{d}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        pids.append(int(d))
+    return pids
+
+
+def _kill_marked(marker: str) -> None:
+    for pid in _marked_pids(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def assert_no_orphans(marker: str, within_s: float = 20.0) -> None:
+    end = time.monotonic() + within_s
+    while _marked_pids(marker) and time.monotonic() < end:
+        time.sleep(0.2)
+    left = _marked_pids(marker)
+    _kill_marked(marker)
+    assert not left, f"processes left behind: {left}"
+
+
+class Agents:
+    """The result of two torchrun agents run to their end."""
+
+    def __init__(self, returncodes: list[int], outputs: list[str]):
+        self.returncodes = returncodes
+        self.outputs = outputs
+
+    def worker_exit_codes(self) -> dict[int, int]:
+        """Global rank -> exit code, from torchrun's failure summaries (only failed workers)."""
+        codes = {}
+        for out in self.outputs:
+            for rank, code in re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", out):
+                codes[int(rank)] = int(code)
+        return codes
+
+    def text(self) -> str:
+        return "\n".join(f"--- agent {n} (exit {rc})\n{out[-6000:]}"
+                         for n, (rc, out) in enumerate(zip(self.returncodes, self.outputs)))
+
+
+def run_agents(*args, timeout_s: float = AGENT_TIMEOUT_S) -> Agents:
+    """``torchrun --nnodes 2 --node-rank n --nproc-per-node 2 ... -m parity.cli ARGS`` for n = 0, 1,
+    c10d rendezvous on a free port of 127.0.0.1; killed (with everything they started) on timeout."""
+    marker = uuid.uuid4().hex
+    port = free_port()
+    procs = []
+    try:
+        for node in (0, 1):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                   "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                   "--rdzv-id", marker, "--max-restarts", "0", "-m", "parity.cli", *[str(a) for a in args]]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=_env(marker)))
+        end = time.monotonic() + timeout_s
+        outputs = [p.communicate(timeout=max(1.0, end - time.monotonic()))[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        _kill_marked(marker)
+        for p in procs:
+            p.communicate()
+        raise AssertionError(f"torchrun agents did not finish within {timeout_s} s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert_no_orphans(marker)
+    return Agents([p.returncode for p in procs], outputs)
+
+
+def _worker_tracebacks(agents: Agents) -> list[str]:
+    """Tracebacks in the agents' output other than torchrun's own (its ChildFailedError)."""
+    blocks = []
+    for out in agents.outputs:
+        for block in out.split("Traceback (most recent call last):")[1:]:
+            if "ChildFailedError" not in block.split("\n\n")[0]:
+                blocks.append(block[:2000])
+    return blocks
+
+
+def parity(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = _env(uuid.uuid4().hex)
+    return subprocess.run(PARITY + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+@pytest.fixture
+def tiny4(tmp_path) -> Path:
+    path = tmp_path / "tiny4.toml"
+    path.write_text(TINY4)
+    return path
+
+
+def _entry(out: Path) -> dict:
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------
+# one report, equal to the built-in launcher's; goldens under torchrun
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_aggregated_report_and_goldens_match_the_built_in_launcher(tmp_path, tiny4):
+    goldens = tmp_path / "goldens"
+    # Goldens recorded under torchrun: rank 0 alone writes them, from every rank's records.
+    regen = run_agents("golden", "regen", tiny4, "--accept", "--goldens", goldens)
+    assert regen.returncodes == [0, 0], regen.text()
+    assert "tiny4: golden created" in regen.outputs[0] and "golden created" not in regen.outputs[1]
+    (manifest,) = goldens.glob("tiny4/*/manifest.json")
+    # ... the same goldens the built-in launcher's run agrees with,
+    r = parity("golden", "check", tiny4, "--goldens", goldens)
+    assert r.returncode == 0 and "tiny4: golden pass" in r.stdout, r.stdout + r.stderr
+    # ... and that `golden check` under torchrun passes.
+    check = run_agents("golden", "check", tiny4, "--goldens", goldens)
+    assert check.returncodes == [0, 0], check.text()
+    assert "tiny4: golden pass" in check.outputs[0]
+
+    # One ULP injected at step 1: a parity failure and a golden failure, by both launchers.
+    args = [tiny4, "--golden", "check", "--goldens", goldens, "--inject", "ulp:1:grad_reduce:*"]
+    tr_out, bi_out = tmp_path / "torchrun", tmp_path / "builtin"
+    tr = run_agents("run", *args, "--out", tr_out, "--junit", tmp_path / "torchrun.xml")
+    bi = parity("run", *args, "--out", bi_out, "--junit", tmp_path / "builtin.xml")
+    assert bi.returncode == 1, bi.stdout + bi.stderr
+    # torchrun exits 1 when a worker fails; every worker exited with parity's code for a mismatch.
+    assert tr.returncodes == [1, 1], tr.text()
+    assert tr.worker_exit_codes() == {0: 1, 1: 1, 2: 1, 3: 1}, tr.text()
+
+    t, b = _entry(tr_out), _entry(bi_out)
+    assert t["compared"] == b["compared"] > 0
+    assert t["compared_by_phase"] == b["compared_by_phase"]
+    assert t["first_divergence"] == b["first_divergence"]
+    fd = t["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["max_ulp"], fd["n_diff"]) == (1, "grad_reduce", 1, 1)
+    assert t["divergence_table"] == b["divergence_table"]
+    assert (t["status"], t["golden"]) == (b["status"], b["golden"]) == ("fail", "fail")
+    assert t["golden_messages"] == b["golden_messages"]
+    assert t["loss"] == b["loss"]
+    assert set(t["hosts"]) == {"0", "1", "2", "3"}
+
+    # Written once, by rank 0: progress and verdict lines come from agent 0 only.
+    assert "[parity] tiny4: FAIL" in tr.outputs[0] and "[parity]" not in tr.outputs[1], tr.text()
+    assert tr.outputs[0].count("[parity] fail: 0/1 scenarios passed") == 1
+    assert "<testsuite" in (tmp_path / "torchrun.xml").read_text()
+    assert (tr_out / "summary.md").read_text().splitlines()[-1].split("|")[4].strip() == str(b["compared"])
+    # Every rank wrote its own snapshot files; the index written by rank 0 lists them all.
+    index = json.loads((tr_out / "snapshots" / "index.json").read_text())["scenarios"][t["name"]]
+    assert {f["rank"] for f in index if f["step"] == 1} == {0, 1, 2, 3}
+    for f in index:
+        assert (tr_out / f["file"]).is_file()
+    assert sorted(p.name for p in (tr_out / "snapshots").rglob("*.safetensors")) == \
+        sorted(p.name for p in (bi_out / "snapshots").rglob("*.safetensors"))
+
+
+# ---------------------------------------------------------------------------------------------
+# a rank that crashes or hangs: exit 3 on every worker, the rank and step in the report
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inject, rank, kind, timeout_s", [
+    ("crash:3:1", 3, "crash", 30),  # a rank on the other node than rank 0 dies
+    ("hang:0:1", 0, "hang", 10),   # rank 0 itself stops answering: its supervisor still reports
+])
+def test_rank_failure_ends_the_job_with_exit_3(tmp_path, tiny4, inject, rank, kind, timeout_s):
+    out = tmp_path / "out"
+    t0 = time.time()
+    agents = run_agents("run", tiny4, "--steps", "2", "--inject", inject, "--timeout", timeout_s, "--out", out)
+    assert agents.returncodes == [1, 1], agents.text()
+    assert agents.worker_exit_codes() == {0: 3, 1: 3, 2: 3, 3: 3}, agents.text()
+    assert not _worker_tracebacks(agents), agents.text()
+    e = _entry(out)
+    assert json.loads((out / "report.json").read_text())["status"] == "error"
+    f = e["failure"]
+    assert (f["rank"], f["step"], f["kind"]) == (rank, 1, kind), f
+    assert f"rank {rank} failed at step 1" in e["error"]
+    assert f"rank {rank} failed at step 1" in agents.outputs[0]
+    assert time.time() - f["heartbeats"][str(rank)]["t"] < timeout_s + 60
+    assert f["heartbeats"][str(rank)]["t"] >= t0
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals (no torchrun agent needed: a worker's environment is enough)
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_worker(extra: dict) -> dict:
+    env = _env(uuid.uuid4().hex)
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", **extra)
+    return env
+
+
+def test_max_restarts_above_zero_is_refused():
+    r = subprocess.run(PARITY + ["run", "--steps", "1"], capture_output=True, text=True, timeout=120,
+                       env=_as_worker({"TORCHELASTIC_MAX_RESTARTS": "2"}))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "torchrun --max-restarts 2" in r.stderr and "--max-restarts 0" in r.stderr
+
+
+def test_world_other_than_torchruns_is_refused(tiny4):
+    # One worker (rank 0 serves the store, as env:// does without torchrun's agent store).
+    r = subprocess.run(PARITY + ["run", str(tiny4)], capture_output=True, text=True, timeout=120,
+                       env=_as_worker({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "world 4, but torchrun started 1 ranks" in r.stderr and "--world 1" in r.stderr
