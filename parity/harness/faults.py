@@ -52,7 +52,9 @@ CATALOGUE = {
 PENDING = {
     "padding-only-shard": ("checkpoint save of a shard that is all padding (needs checkpointing)", 12),
 }
-# Faults in the harness rather than the stack.
+# Faults in the harness rather than the stack. (A former `zeros-vs-zeros` weakened a check without
+# any stack deviation, so its failure proved nothing; force-sync-payload-not-zeroed replaces it: a
+# stack deviation that the zeros-vs-zeros comparison would miss and grad-buffer-clean catches.)
 HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE}
 
 

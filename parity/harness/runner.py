@@ -199,13 +199,11 @@ class LockstepRunner:
         self._construction_checks()
         self._compare_init()
         start, steps = 0, self.scenario.steps
-        last = start - 1
         for step in range(start, steps):
             self._run_step(step)
-            last = step
             if self.stopped:
                 break
-        self._flush(last)
+        self._flush()
         if self.snaps:
             self.result.snapshots = _write_snapshots(self.snaps, self.scenario, self.rank, self.opts)
         return self.result
@@ -220,13 +218,13 @@ class LockstepRunner:
                     time.sleep(3600)
         if self.opts.progress and self.rank == 0:
             print(f"[parity] {self.scenario.name}: step {step + 1}/{self.scenario.steps}", flush=True)
-        self.states[step] = _StepState(record={"step": step})
+        self._state(step)
         self.ref.step(step, self._on_ref)
         self.test.step(step, self._on_test)
         self._after_test_step(step)
         self._close_ready_steps()
 
-    def _flush(self, last: int) -> None:
+    def _flush(self) -> None:
         """Both stacks report what is still open (under overlap: the last step's params)."""
         self.ref.flush(self._on_ref)
         self.test.flush(self._on_test)
@@ -415,7 +413,7 @@ class LockstepRunner:
         self.ref.closed_windows.clear()  # the reference is not checked
         while test.closed_windows:
             w = test.closed_windows.pop(0)
-            want = test.gather_source
+            want = w.source
             bad = []
             for row in test.gather_report(w):
                 exp = [want] * row["expect"]
