@@ -63,7 +63,9 @@ CATALOGUE = {
     Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
                                "only alignment padding", 12),
 }
-# Faults in the harness rather than the stack.
+# Faults in the harness rather than the stack. (A former `zeros-vs-zeros` weakened a check without
+# any stack deviation, so its failure proved nothing; force-sync-payload-not-zeroed replaces it: a
+# stack deviation that the zeros-vs-zeros comparison would miss and grad-buffer-clean catches.)
 HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE}
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.distributed as dist
 
-from parity.ddp.buffers import FORCE_SYNC
 from parity.distributed.collectives import all_gather_object
 from parity.distributed.groups import build_groups
 from parity.harness.compare import compare_tensors
@@ -222,13 +221,11 @@ class LockstepRunner:
         start, steps = 0, self.scenario.steps
         if self.opts.load_from:  # resume: both sides from a checkpoint (parity/harness/resume.py)
             start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
-        last = start - 1
         for step in range(start, steps):
             self._run_step(step)
-            last = step
             if self.opts.fail_fast and _any_rank(self.stopped, self.device):
                 break  # every rank stops at the same step, or those still stepping wait on the others
-        self._flush(last)
+        self._flush()
         if self.snaps:
             self.result.snapshots = _write_snapshots(self.snaps, self.scenario, self.rank, self.opts)
         return self.result
@@ -248,7 +245,7 @@ class LockstepRunner:
                     time.sleep(3600)
         if self.opts.progress and self.rank == 0:
             print(f"[parity] {self.scenario.name}: step {step + 1}/{self.scenario.steps}", flush=True)
-        self.states[step] = _StepState(record={"step": step})
+        self._state(step)
         self.ref.step(step, self._on_ref)
         self.test.step(step, self._on_test)
         # lr, grad norm, zeros and clip coefficient of this step, test and ref (_b)
@@ -258,12 +255,13 @@ class LockstepRunner:
         if self.opts.save_at == step + 1:
             _beat(step, "checkpoint")
             for stack in (self.ref, self.test):
-                stack.sync_for_checkpoint()
+                if stack.overlap:  # training makes the params current before a save
+                    stack.force_param_sync()
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
                                                self.device)
         self._close_ready_steps()
 
-    def _flush(self, last: int) -> None:
+    def _flush(self) -> None:
         """Both stacks report what is still open (under overlap: the last step's params)."""
         self.ref.flush(self._on_ref)
         self.test.flush(self._on_test)
@@ -454,7 +452,7 @@ class LockstepRunner:
         self.ref.closed_windows.clear()  # the reference is not checked
         while test.closed_windows:
             w = test.closed_windows.pop(0)
-            want = FORCE_SYNC if w.checkpoint_sync else test.gather_source
+            want = w.source
             bad = []
             for row in test.gather_report(w):
                 exp = [want] * row["expect"]

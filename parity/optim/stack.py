@@ -158,12 +158,12 @@ class GatherWindow:
     step: int
     start: dict
     """group -> len(group.param_gathers) when the window opened."""
+    source: str = PRE_HOOK
+    """How this window's gathers must be finished: by the pre-hooks, or by a forced sync."""
     first_use: dict = field(default_factory=dict)
     """group -> (first param of the group a forward used, the gathers landed by then)."""
     total: dict = field(default_factory=dict)
     """group -> every gather landed in the window (set when it closes)."""
-    checkpoint_sync: bool = False
-    """A checkpoint save finished the window's gathers (force_sync, as training does before a save)."""
 
 
 class Stack:
@@ -195,8 +195,6 @@ class Stack:
         self.grad_buffer_clean = None  # after each forced sync: every LayerWise grad_data all zero?
         # Under overlap, param_sync is captured when the next forward consumes the params.
         self.capture_at_consumption = self.overlap and Fault.SAMPLE_BEFORE_DEFERRED_GATHER not in faults
-        self.gather_source = FORCE_SYNC if cfg.force_sync_each_step else PRE_HOOK
-        """How each overlapped gather must be finished on this stack."""
         self.window: GatherWindow | None = None
         self.closed_windows: list[GatherWindow] = []
         self._capture = None  # (on_phase, step) while a forward captures param_sync of `step`
@@ -240,7 +238,8 @@ class Stack:
             self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.param_gather_groups()})
             self.distopt.gather(only=ddp.eager_gather_buckets())
             if cfg.force_sync_each_step:
-                self._force_sync()
+                ddp.start_param_sync()  # gathers launched (e.g. by a schedule's param-sync call)
+                self.force_param_sync()
             ddp.enable_forward_pre_hook()  # after the first iteration (a no-op after that)
         else:
             self.layerwise.sync()
@@ -273,26 +272,21 @@ class Stack:
             on_phase(self.window.step, Phase.PARAM_SYNC, {})
         return out
 
-    def sync_for_checkpoint(self) -> None:
-        """What training does before a checkpoint save under overlap: turn the pre-hooks off with
-        param_sync=True, which finishes every pending gather (force_sync), then on again; the next
-        forward finds the params in place (docs/spec/megatron.md s2.11)."""
-        if not self.overlap:
-            return
-        self.ddp.disable_forward_pre_hook(param_sync=True)
-        self.ddp.enable_forward_pre_hook()
-        if self.window is not None:
-            self.window.checkpoint_sync = True
-
-    def _force_sync(self):
-        """force_sync as training runs it: gathers were launched (a schedule's param-sync call)
-        and disabling the pre-hooks with param_sync=True must finish them."""
+    def force_param_sync(self) -> None:
+        """Under overlap, make the params current now, as training does before an evaluation or
+        a checkpoint save: disable the pre-hooks with param_sync=True (finishing any gather in
+        flight), then enable them again. The next forward's pre-hooks then have nothing to do
+        until finish_grad_sync re-arms them."""
         ddp = self.ddp
-        ddp.start_param_sync()
+        hooks_on = ddp.pre_hooks_enabled
         ddp.disable_forward_pre_hook(param_sync=True)
         self.grad_buffer_clean = all(
             int(torch.count_nonzero(b.grad_data)) == 0
             for buf in ddp.all_buffers() if buf.key.is_layer_wise for b in buf.buckets)
+        if self.window is not None:
+            self.window.source = FORCE_SYNC
+        if hooks_on:
+            ddp.enable_forward_pre_hook()
 
     # -- param capture at consumption (overlap) ---------------------------------------------
     def _install_param_capture(self):

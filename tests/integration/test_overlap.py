@@ -213,3 +213,46 @@ def test_reductions_launch_on_the_last_microbatch_only(single_rank, monkeypatch)
     stack.step(0, _noop)
     # overlapped: every group launched once, asynchronously, during the last microbatch's backward
     assert launched == [(True, True)] * len(stack.ddp.bucket_groups)
+
+
+def _forced_sync_rank(ctx) -> dict:
+    """Two identical overlapped stacks; one forces its param sync after step 1 (as before a
+    checkpoint save). Both must train on identically; the forced one's window says force_sync."""
+    import torch
+
+    from parity.distributed.groups import build_groups
+    from parity.optim.stack import Stack
+
+    s = make_scenario({"name": "t", "world": 2, "overlap": True, "steps": 3})
+    cfg = s.stack_configs()[0]
+    plain, forced = (Stack(cfg, build_groups(1), torch.device("cpu")) for _ in range(2))
+    losses = {"plain": [], "forced": []}
+
+    def keep(name):
+        def on_phase(step, phase, tensors, complete=True):
+            if phase == "forward":
+                losses[name].append(tensors["loss"].view(torch.int32).item())
+        return on_phase
+
+    for step in range(3):
+        plain.step(step, keep("plain"))
+        forced.step(step, keep("forced"))
+        if step == 1:
+            forced.force_param_sync()
+    windows = {w.step: w for w in forced.closed_windows}
+    rows = {k: forced.gather_report(w) for k, w in windows.items()}
+    return {"losses": losses, "sources": {k: w.source for k, w in windows.items()},
+            "before": {k: sorted({tuple(r["before_first_use"]) for r in v if r["expect"]}) for k, v in rows.items()},
+            "clean": forced.grad_buffer_clean}
+
+
+@pytest.mark.slow
+def test_forced_param_sync_mid_run_is_recorded_and_changes_nothing():
+    from parity.harness.launch import LaunchConfig, launch
+
+    for r, seen in enumerate(launch(_forced_sync_rank, LaunchConfig(world_size=2, start_method="forkserver",
+                                                                     deadline_s=180))):
+        assert seen["losses"]["plain"] == seen["losses"]["forced"], r
+        assert seen["sources"] == {0: "pre_hook", 1: "force_sync"}, r
+        assert seen["before"] == {0: [("pre_hook",)], 1: [("force_sync",)]}, r
+        assert seen["clean"] is True, r
