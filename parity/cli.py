@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run scenarios ON and OFF in lockstep and compare every step")
     r.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                    help="scenario names or .toml files (default: the 'default' scenario)")
+    r.add_argument("--set", dest="scenario_set", metavar="NAME",
+                   help="also run every scenario of scenarios/NAME.toml (e.g. quick: catches every "
+                        "catalogued fault in a few minutes on 2 cores; stress; microbatch)")
     r.add_argument("--recipe", choices=("blockwise", "mxfp8"))
     r.add_argument("--ep", type=_positive_int, help="expert-parallel size (implies --moe)")
     r.add_argument("--dp", type=_positive_int, help="data-parallel size (= world size)")
@@ -249,6 +252,16 @@ def _load_file(path: str):
         raise ConfigError(f"{path}: invalid scenario file: {type(e).__name__}: {_one_line(e, 300)}") from None
 
 
+def _resolve_run(args):
+    """The scenarios `parity run` runs: the named ones, and those of --set NAME."""
+    from parity.harness.scenario import load_set
+
+    if not args.scenario_set:
+        return _resolve(args.scenarios)
+    named = _resolve(args.scenarios) if args.scenarios else []
+    return named + load_set(args.scenario_set)
+
+
 def _resolve(names: list[str]):
     from parity.harness.errors import UsageError
     from parity.harness.scenario import load_all
@@ -332,7 +345,7 @@ def cmd_run(args, argv) -> int:
     _check_determinism_env(args.allow_nondeterministic)
     injections = tuple(parse_injection(s) for s in args.inject)
     notes: list[str] = []
-    scenarios = [_apply_overrides(s, args, notes) for s in _resolve(args.scenarios)]
+    scenarios = [_apply_overrides(s, args, notes) for s in _resolve_run(args)]
     if not args.quiet:
         for note in notes:
             print(f"[parity] note: {note}", flush=True)

@@ -338,6 +338,16 @@ def scenario_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "scenarios"
 
 
+def load_set(name: str, directory=None) -> list[Scenario]:
+    """A scenario set: every scenario of ``scenarios/<name>.toml`` (e.g. ``quick``, ``stress``)."""
+    d = Path(directory) if directory else scenario_dir()
+    path = d / f"{name}.toml"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or not path.is_file():
+        known = sorted(f.stem for f in d.glob("*.toml"))
+        raise ConfigError(f"--set {name}: no such scenario set; known sets: {', '.join(known)}")
+    return load_file(path)
+
+
 def load_all(directory=None) -> list[Scenario]:
     d = Path(directory) if directory else scenario_dir()
     out = []

@@ -12,29 +12,9 @@ from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
 from parity.harness.scenario import make_scenario
 
-SCENARIOS = {
-    "w4-dense": dict(world=4, moe=False),
-    "w4-moe": dict(world=4, moe=True, ep=2),
-    "w4-moe-overlap": dict(world=4, moe=True, ep=2, overlap=True),
-    "w4-overlap-pair": dict(world=4, moe=True, ep=2, pair="overlap_param_gather"),
-    "w4-force-sync-pair": dict(world=4, moe=True, ep=2, pair="force_sync"),
-    # The test side runs bf16 weights with TE's first-microbatch FP8 cache, deferred gather.
-    "w2-bf16-overlap-pair-mb2": dict(world=2, pair="overlap_param_gather", fp8_param_gather=False,
-                                     microbatches=2),
-    "w2-overlap-mb2": dict(world=2, overlap=True, microbatches=2),
-    "w1-moe": dict(world=1, moe=True),
-    "w2-adam-matrix": dict(world=2, model={"adam_matrix": True}),
-    "w2-fp8-head": dict(world=2, model={"fp8_head": True}),
-    "w4-moe-clip": dict(world=4, moe=True, ep=2, clip_grad=1.0),
-    # experts written from their masters on their own rank (expert-DP 1); pow2-edge blocks flip
-    # at step 0; a dead expert keeps a tiny block (scale at the 2^127 cap) all along
-    "w2-ep2-stress": dict(world=2, moe=True, ep=2, stress=["pow2_edge", "tiny_values", "dead_expert"]),
-    # hidden 32 and 64-element buckets: two 32-element norms per sibling bucket, 32 elements of
-    # alignment padding between them, and a DP-4 shard of 32 elements that holds only that gap.
-    "w4-padded-gap-shard-resume": dict(world=4, layout="padded", pair="overlap_param_gather",
-                                       fp8_param_gather=False, bucket_size=64, model={"hidden": 32},
-                                       resume_at=1),
-}
+QUICK_SET = "quick"
+"""Every case runs on a scenario of this shipped set (scenarios/quick.toml), named quick-<key>:
+a passing selftest is the proof that `parity run --set quick` catches the whole catalogue."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +78,11 @@ CASES = {
 }
 
 
-def scenario(key: str, steps: int):
-    return make_scenario({"name": f"selftest-{key}", "recipe": "blockwise", "steps": steps,
-                          **SCENARIOS[key]}, source="selftest")
+def scenario(key: str):
+    from parity.harness.scenario import load_set
+
+    by_name = {s.name: s for s in load_set(QUICK_SET)}
+    return by_name[f"{QUICK_SET}-{key}"]
 
 
 def observe(entry: dict) -> str:
@@ -113,6 +95,23 @@ def observe(entry: dict) -> str:
     for c in entry.get("failed_checks", []):
         parts.append(f"check {c['check']} fails at step {c['step']}")
     return "; ".join(dict.fromkeys(parts)) or "nothing"
+
+
+def first_caught(entry: dict) -> str:
+    """Where the run first failed: the earliest step of a divergence or failed check, and its
+    phase or check (construction is step -1); for an error, where it was raised."""
+    if entry["status"] == "error":
+        step = (entry.get("failure") or {}).get("step")
+        return f"error at step {step}" if isinstance(step, int) else "error"
+    hits = []
+    fd = entry.get("first_divergence")
+    if fd:
+        hits.append((fd["step"], fd["phase"]))
+    hits += [(c["step"], c["check"]) for c in entry.get("failed_checks", [])]
+    if not hits:
+        return "-"
+    step, where = min(hits, key=lambda h: h[0])
+    return f"step {step} / {where}"
 
 
 def caught(exp: Expect, entry: dict) -> bool:
@@ -129,10 +128,10 @@ def caught(exp: Expect, entry: dict) -> bool:
         (exp.step is None or fd["step"] == exp.step) and (exp.tensor is None or exp.tensor in fd["tensor"])
 
 
-_CLEAN: dict = {}  # (scenario key, steps) -> passes clean; cached per process
+_CLEAN: dict = {}  # scenario key -> passes clean; cached per process
 
 
-def run_selftest(faults=None, steps: int = 3, out=print) -> list[dict]:
+def run_selftest(faults=None, out=print) -> list[dict]:
     names = list(faults) if faults else list(CATALOGUE)
     unknown = [n for n in names if n not in CASES]
     if unknown:
@@ -142,29 +141,31 @@ def run_selftest(faults=None, steps: int = 3, out=print) -> list[dict]:
     rows = []
     for name in names:
         key, exp = CASES[name]
-        if (key, steps) not in _CLEAN:
+        if key not in _CLEAN:
             t0 = time.perf_counter()
-            e, _ = run_scenario(scenario(key, steps), opts, timeout_s=30)
-            _CLEAN[(key, steps)] = e["status"] == "pass"
+            e, _ = run_scenario(scenario(key), opts, timeout_s=30)
+            _CLEAN[key] = e["status"] == "pass"
             out(f"[selftest] clean {key}: {e['status']} ({time.perf_counter() - t0:.1f} s)")
-        clean = _CLEAN[(key, steps)]
+        clean = _CLEAN[key]
         t0 = time.perf_counter()
         inj = RunOptions(injections=(Injection("fault", name=name),), progress=False, snapshot="none",
                          golden_digests=False)
-        entry, _ = run_scenario(scenario(key, steps), inj, timeout_s=30)
+        entry, _ = run_scenario(scenario(key), inj, timeout_s=30)
         ok = caught(exp, entry) and clean
-        rows.append({"fault": name, "scenario": key, "expected": str(exp), "observed": observe(entry),
+        rows.append({"fault": name, "scenario": f"{QUICK_SET}-{key}", "expected": str(exp),
+                     "observed": observe(entry), "first_caught": first_caught(entry), "in_quick": True,
                      "caught": ok, "clean_passes": clean, "seconds": round(time.perf_counter() - t0, 1)})
         out(f"[selftest] {name}: {'caught' if ok else 'NOT CAUGHT'} ({rows[-1]['observed'][:160]})")
     return rows
 
 
 def table(rows) -> str:
-    lines = ["| fault | scenario | expected | observed | caught |", "|---|---|---|---|---|"]
+    lines = ["| fault | scenario | expected | observed | first caught (step / phase) | caught | by `quick` |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         obs = r["observed"].replace("|", "/")[:140]
-        lines.append(f"| {r['fault']} | {r['scenario']} | {r['expected']} | {obs} | "
-                     f"{'yes' if r['caught'] else 'NO'} |")
+        lines.append(f"| {r['fault']} | {r['scenario']} | {r['expected']} | {obs} | {r['first_caught']} | "
+                     f"{'yes' if r['caught'] else 'NO'} | {'yes' if r['caught'] and r['in_quick'] else 'no'} |")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from parity.harness.faults import Injection
 from parity.harness.resume import compare_digests
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import make_scenario
-from parity.harness.selftest import SCENARIOS
+from parity.harness.selftest import scenario as quick_scenario
 from parity.optim import checkpoint as ckpt
 from parity.vocab import Fault
 
@@ -166,8 +166,8 @@ def test_a_failed_save_overwrites_nothing(tmp_path):
     before stays as it was, and no partial directory is left."""
     from parity.harness.driver import run_scenario
 
-    s = make_scenario({"name": "gap-shard", "recipe": "blockwise", "steps": 2,
-                       **{**SCENARIOS["w4-padded-gap-shard-resume"], "resume_at": 1}})
+    s = make_scenario({**quick_scenario("w4-padded-gap-shard-resume").to_dict(), "name": "gap-shard",
+                       "steps": 2, "resume_at": 1})
     root = tmp_path / "checkpoints" / s.name
     (root / "step1").mkdir(parents=True)
     (root / "step1" / "keep.txt").write_text("an earlier checkpoint")
