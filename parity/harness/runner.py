@@ -124,6 +124,7 @@ class _StepState:
 
     record: dict
     grad_hashes: dict = field(default_factory=dict)
+    """sha256 of the test stack's all-reduced grads, taken when grad_reduce completed."""
     ref: dict = field(default_factory=dict)
     """phase -> _PhaseCapture of the ref stack (clones)."""
     test: dict = field(default_factory=dict)
@@ -202,6 +203,8 @@ class LockstepRunner:
         build_s = time.perf_counter() - t0
         self.expect_drop = cfg_test.fp8_param_gather and not cfg_ref.fp8_param_gather
         self.star = _first_layer_wise_matrix(self.test)
+        self.all_reduced = {self.test.names[p] for p in self.test.params
+                            if not self.test.ddp.group_of[id(p)].use_distributed_optimizer}
         self.result = RankResult(
             rank=self.rank, buffers=self.test.ddp.buffer_report(),
             persistent_bytes={Side.TEST.value: self.test.persistent_bytes(),
@@ -346,6 +349,8 @@ class LockstepRunner:
         self._check(step, f"nonempty/{phase}", len(st.compared.get(phase, ())) > 0,
                     f"step {step}/{phase}/rank {self.rank}: nothing to compare (empty key set)")
         one_sided = set(cur) - set(ref)
+        if phase == Phase.GRAD_REDUCE:  # all-reduced grads: every replica must hold the same
+            st.grad_hashes = {f"main_grad:{k}": tensor_sha256(v) for k, v in cur.items() if k in self.all_reduced}
         if phase == Phase.PARAM_SYNC:
             self._dropped_set_checks(step, cur, ref)  # keys only in ref: the pinned dropped set
             st.param_hashes = {k: tensor_sha256(v) for k, v in cur.items()}
@@ -432,15 +437,10 @@ class LockstepRunner:
                                              self._check, self.expect_drop)
 
     def _after_test_step(self, step: int) -> None:
-        test, st = self.test, self.states[step]
+        test = self.test
         if test.grad_buffer_clean is not None:
             self._check(step, "grad-buffer-clean", test.grad_buffer_clean,
                         f"step {step}: LayerWise grad_data not zero after force_sync (gather payload left)")
-        # All-reduced LayerWise grads must agree on every replica: hashed now, before the next
-        # step reuses the grad buffers; compared when the step closes.
-        for p in test.params:
-            if not test.ddp.group_of[id(p)].use_distributed_optimizer:
-                st.grad_hashes[f"main_grad:{test.names[p]}"] = tensor_sha256(p.main_grad)
         self._gather_checks()
 
     def _gather_checks(self) -> None:
