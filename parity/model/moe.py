@@ -7,6 +7,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from parity.model import matmul
+
 
 class _AllToAll(torch.autograd.Function):
     """Variable-size all-to-all of rows; its gradient is the reverse exchange."""
@@ -70,7 +72,7 @@ class MoE(nn.Module):
         shape = h.shape
         h = h.reshape(-1, shape[-1])
         T, k = h.shape[0], self.topk
-        probs = torch.softmax(self.router(h).float(), dim=-1)
+        probs = torch.softmax(matmul.linear(h, self.router.weight).float(), dim=-1)
         weights, chosen = torch.topk(probs, k, dim=-1)
 
         # Assignments (token, slot) sorted by expert; ties keep token order (keys are unique).
