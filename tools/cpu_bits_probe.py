@@ -12,8 +12,8 @@ caps MKL's (fp32 GEMMs, vector math), and the thread count splits reductions.
     python tools/cpu_bits_probe.py --pinned        # with the parity CPU pins applied in every variant
 
 ``--pinned`` applies what the rank launcher applies on CPU
-(:data:`parity.distributed.determinism.CPU_PINS`): ATen kernels at AVX2, MKL in strict
-conditional-reproducibility mode at AVX2. An explicit ATEN_CPU_CAPABILITY in a variant overrides
+(:data:`parity.distributed.determinism.CPU_PINS`): ATen kernels at AVX2, MKL on its strict
+conditional-reproducibility COMPATIBLE branch. An explicit ATEN_CPU_CAPABILITY in a variant overrides
 the pin (it names another platform). bf16 GEMMs still go to oneDNN; the stack has none left
 (parity.model.matmul), the rows marked "bf16 GEMM" show why.
 """
@@ -166,10 +166,10 @@ def _child(threads: int, pinned: bool, repeat: int) -> None:
     res = {}
     for name, fn in _ops().items():
         fn()  # warm up (JIT kernels, caches)
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: one thread, steadier than wall time on a shared machine
         for _ in range(repeat):
             out = fn()
-        res[name] = {"digest": _digest(out), "ms": 1e3 * (time.perf_counter() - t0) / repeat}
+        res[name] = {"digest": _digest(out), "ms": 1e3 * (time.process_time() - t0) / repeat}
     res["_capability"] = torch.backends.cpu.get_cpu_capability()
     print(json.dumps(res))
 
@@ -198,7 +198,7 @@ def main() -> None:
     print(f"CPU op bits by variant ({'with' if args.pinned else 'without'} parity's CPU pins); "
           f"'=' same bits as the first column, 'X' different")
     print()
-    print("| op | ms (first column) | " + " | ".join(label for label, _ in results) + " |")
+    print("| op | CPU ms (first column) | " + " | ".join(label for label, _ in results) + " |")
     print("|---|---|" + "---|" * len(results))
     for op in ops:
         cells = ["=" if r[op]["digest"] == base[op]["digest"] else "X" for _, r in results]

@@ -65,9 +65,12 @@ CPU_PINS: dict[str, str] = {
     # ATen's kernels at AVX2 (x86-64 servers since 2013 have it; a CPU without falls back to
     # the scalar kernels, which the platform id then names).
     "ATEN_CPU_CAPABILITY": "avx2",
-    # MKL's conditional numerical reproducibility: AVX2 code paths, results independent of the
-    # CPU and of memory alignment (STRICT), for a fixed thread count (1 per rank).
-    "MKL_CBWR": "AVX2,STRICT",
+    # MKL's conditional numerical reproducibility on its COMPATIBLE branch (SSE2 without the
+    # approximate rcpps/rsqrtps, whose results differ between Intel and AMD), the only branch
+    # MKL also honours on non-Intel CPUs; results independent of memory alignment (STRICT) for a
+    # fixed thread count (1 per rank). An ISA branch such as AVX2 falls back to MKL's automatic
+    # dispatch on AMD.
+    "MKL_CBWR": "COMPATIBLE,STRICT",
 }
 _ISA_ORDER = ("default", "avx2", "avx512")
 

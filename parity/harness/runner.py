@@ -8,7 +8,6 @@ mismatching tensors, or all, when snapshots ask for them).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import time
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from parity.distributed.groups import build_groups
+from parity.harness import golden
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
 from parity.harness.scenario import Scenario
@@ -51,21 +51,6 @@ class RunOptions:
     """Return per-tensor digests of side A for golden records."""
     progress: bool = True
     """Rank 0 prints 'step k/N' lines."""
-
-
-def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) -> None:
-    """Golden records of side A: per phase one digest over all its tensors every step (the
-    manifest stays small), per tensor at the last step; plus the loss as exact bits."""
-    recs = out.setdefault(step, {"records": {}, "loss": None})
-    shas = {k: tensor_sha256(v.detach()) for k, v in sorted(live.items())}
-    combined = hashlib.sha256("".join(f"{k}={h};" for k, h in shas.items()).encode()).hexdigest()
-    recs["records"][f"{phase}/*"] = ("digest", (len(shas),), combined)
-    if last:
-        for k, v in live.items():
-            recs["records"][f"{phase}/{k}"] = (str(v.dtype).replace("torch.", ""), tuple(v.shape), shas[k])
-    if phase == "forward":
-        from parity.harness.golden import LossRecord
-        recs["loss"] = LossRecord.from_tensor(live["loss"].reshape(()))
 
 
 def loss_bits(loss: torch.Tensor) -> str:
@@ -209,7 +194,7 @@ def rank_main(ctx, scenario: Scenario, opts: RunOptions) -> dict:
             n_before = len(res["divergences"])
             compare_maps(step, phase, ref, cur, rank, record, check)
             if opts.golden_digests:
-                _golden_records(res["golden"], step, phase, live, last=step == scenario.steps - 1)
+                golden.capture_phase(res["golden"], scenario, rank, step, phase, live)
             if phase == "param_sync":
                 params_a[0] = live  # the replica check hashes these: no second param_tensors()
             if opts.snapshot == "all":

@@ -69,6 +69,9 @@ class Scenario:
     """'cpu' (gloo) or 'cuda' (NCCL, one rank per GPU)."""
     model: dict = field(default_factory=dict)
     """Overrides of ModelConfig fields."""
+    golden_tensor_steps: list = field(default_factory=lambda: [0, -1])
+    """Steps whose full tensors (rank 0) the golden stores besides every step's digests, as Python
+    indices (-1: the last step); [] for digests only. Not part of the golden's identity."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
@@ -113,7 +116,8 @@ class Scenario:
 FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "overlap": bool,
          "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "lr": float,
-         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict}
+         "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,
+         "golden_tensor_steps": list}
 
 
 def _err(src, key, msg):
@@ -161,6 +165,8 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
         raise _err(src, "ep", f"ep={s.ep} > 1 needs moe = true")
     if not s.lr > 0:
         raise _err(src, "lr", f"must be > 0, got {s.lr}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in s.golden_tensor_steps):
+        raise _err(src, "golden_tensor_steps", f"must be a list of step indices, got {s.golden_tensor_steps!r}")
     if s.bucket_size is not None and s.bucket_size < 1:
         raise _err(src, "bucket_size", "must be a positive integer or 'none'")
     fp8_on = s.pair == "fp8_param_gather" or s.fp8_param_gather
@@ -228,8 +234,9 @@ def load_file(path) -> list[Scenario]:
 def _expand(matrix: dict, src) -> list[dict]:
     if "name" not in matrix or not isinstance(matrix["name"], str):
         raise _err(src, "matrix.name", "a matrix needs a name template such as '{recipe}-ep{ep}'")
-    axes = {k: v for k, v in matrix.items() if isinstance(v, list) and k != "exclude"}
-    fixed = {k: v for k, v in matrix.items() if not isinstance(v, list) and k not in ("name", "exclude")}
+    # Lists are axes, except the keys whose value is itself a list.
+    axes = {k: v for k, v in matrix.items() if isinstance(v, list) and k not in ("exclude", "golden_tensor_steps")}
+    fixed = {k: v for k, v in matrix.items() if k not in axes and k not in ("name", "exclude")}
     excludes = matrix.get("exclude", [])
     out = []
     for combo in itertools.product(*axes.values()):
