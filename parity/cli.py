@@ -75,11 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=("cpu", "cuda"))
     r.add_argument("--out", default="out", help="output directory (default: ./out)")
     r.add_argument("--snapshot", choices=("none", "divergent", "all"), default="divergent")
-    r.add_argument("--golden", choices=("check", "off"), default="off",
-                   help="check each scenario against its golden record")
-    r.add_argument("--goldens", default=None, help="golden root (default: ./goldens of the repo)")
+    r.add_argument("--golden", choices=("check", "require", "off"), default="check",
+                   help="check: compare every step with the scenario's golden for this platform where one "
+                   "exists (a missing one is reported, not failed); require: a missing golden fails (for "
+                   "CI); off: no golden check (default: check)")
+    r.add_argument("--goldens", default=None, help="golden root (default: $PARITY_GOLDENS or the repo's goldens/)")
     r.add_argument("--allow-other-platform", action="store_true",
-                   help="check against a golden recorded on another platform (approximate tier)")
+                   help="where this platform has no golden, compare with another platform's in the "
+                   "approximate tier (loss within 5%%) and print the drift")
     r.add_argument("--junit", metavar="FILE")
     r.add_argument("--fail-fast", action="store_true")
     r.add_argument("--inject", action="append", default=[], metavar="FAULT",
@@ -97,14 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list the scenarios")
 
-    g = sub.add_parser("golden", help="golden records: check, regen, show")
+    g = sub.add_parser("golden", help="golden records: check, regen, show",
+                       description="check: run each scenario this machine can run (default: all; the "
+                       "others are listed with the reason) and compare it with its golden; regen: run and "
+                       "record goldens for this platform; show: describe the stored goldens.")
     g.add_argument("action", choices=("check", "regen", "show"))
     g.add_argument("scenarios", nargs="*", metavar="SCENARIO")
-    g.add_argument("--goldens", default=None)
+    g.add_argument("--goldens", default=None, help="golden root (default: $PARITY_GOLDENS or the repo's goldens/)")
+    g.add_argument("--steps", type=_positive_int, help="check: run only the first N steps (a golden prefix)")
+    g.add_argument("--allow-other-platform", action="store_true",
+                   help="check: where this platform has no golden, compare with another platform's in the "
+                   "approximate tier (loss within 5%%) and print the drift")
     g.add_argument("--accept", action="store_true", help="regen: accept the new records (exit 0)")
-    g.add_argument("--only-failing", action="store_true", help="regen: only scenarios that fail check")
-    g.add_argument("--out", default="out")
-    g.add_argument("--device", choices=("cpu", "cuda"))
+    g.add_argument("--only-failing", action="store_true", help="regen: keep goldens that still pass")
+    g.add_argument("--out", default="out", help="check: where the runs' records go (default: ./out)")
+    g.add_argument("--device", choices=("cpu", "cuda"), help="only the scenarios of this device")
 
     d = sub.add_parser("diff", help="compare two snapshot files or directories")
     d.add_argument("a")
@@ -112,7 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("triage", help="localize and measure divergence from a run directory")
     t.add_argument("run")
-    t.add_argument("--against", default=None)
+    t.add_argument("--against", default=None, metavar="RUN|golden",
+                   help="another run directory, or 'golden': the golden of each scenario")
+    t.add_argument("--goldens", default=None, help="golden root (default: $PARITY_GOLDENS or the repo's goldens/)")
+    t.add_argument("--allow-other-platform", action="store_true",
+                   help="--against golden: use another platform's golden where this one has none")
     t.add_argument("--out", default=None)
 
     s = sub.add_parser("selftest", help="inject every catalogued fault and show each is caught")
@@ -363,10 +377,12 @@ def cmd_run(args, argv) -> int:
     writer = is_report_writer()  # under torchrun global rank 0 alone writes report, summary, JUnit
     if args.junit and writer:
         _check_writable_file(args.junit, "--junit")
-    if args.golden == "check":
-        _precheck_goldens(scenarios, args.goldens, args.allow_other_platform)
+    found = {}
+    if args.golden != "off":  # an unusable golden stops us here, before anything runs
+        from parity.harness.goldens_cli import prepare
+        found = prepare(scenarios, args.goldens, allow_other_platform=args.allow_other_platform)
     opts = RunOptions(injections=injections, snapshot=args.snapshot, out_dir=out,
-                      fail_fast=args.fail_fast, golden_digests=args.golden == "check",
+                      fail_fast=args.fail_fast, golden_digests=args.golden != "off",
                       progress=not args.quiet)
     entries = []
     for s in scenarios:
@@ -380,9 +396,9 @@ def cmd_run(args, argv) -> int:
         else:
             entry, results = run_scenario(s, opts, timeout_s=args.timeout,
                                           allow_nondeterministic=args.allow_nondeterministic)
-        if args.golden == "check" and entry["status"] != "error":
-            from parity.harness.goldens_cli import check_entry
-            check_entry(entry, s, results, args.goldens, args.allow_other_platform)
+        if s.name in found and entry["status"] != "error":
+            from parity.harness.goldens_cli import check
+            check(entry, s, results, found[s.name], require=args.golden == "require", out_dir=out)
         entries.append(entry)
         _print_entry(entry, args.quiet)
         if args.fail_fast and entry["status"] != "pass":
@@ -421,7 +437,7 @@ def _print_entry(e, quiet):
         print(f"  {describe(e['resume'])}")
     if e.get("missing_phases"):
         print(f"  phases never compared: {', '.join(e['missing_phases'])}")
-    for msg in e.get("golden_messages", [])[:5]:
+    for msg in e.get("golden_messages", [])[: 20 if e.get("golden") == "fail" else 3]:
         print(f"  golden: {msg}")
     for c in e.get("failed_checks", [])[:5]:
         print(f"  check {c['check']} failed: {c['message']}")
@@ -488,42 +504,6 @@ def _check_injections(injections, scenarios) -> None:
                                  f"({s.steps} steps: 0..{s.steps - 1})")
 
 
-def _precheck_goldens(scenarios, root, allow_other_platform: bool = False) -> None:
-    """Before anything runs: each scenario's golden must exist and load (manifest well formed,
-    tensor files intact, same platform, same scenario config). Bad input exits 2 now instead of
-    after a whole run."""
-    from pathlib import Path
-
-    from parity.harness.errors import GoldenError, ParityError, UsageError
-    from parity.harness.golden import list_goldens, load_golden
-    from parity.harness.goldens_cli import default_root
-    from parity.harness.platform import platform_fingerprint, platform_id
-
-    root = Path(root) if root else default_root()
-    refs = list_goldens(root)
-    problems = []
-    for s in scenarios:
-        try:
-            fp = platform_fingerprint(s.device, "nccl" if s.device == "cuda" else "gloo")
-        except ParityError:  # e.g. a CUDA scenario on a machine without CUDA: its run reports that
-            continue
-        pid = platform_id(fp)
-        have = [r.platform_id for r in refs if r.scenario == s.name]
-        if allow_other_platform and have and pid not in have:
-            pid = have[0]
-        try:
-            load_golden(root, s.name, pid, platform=fp, scenario_fingerprint=s.fingerprint(),
-                        allow_other_platform=allow_other_platform)
-        except GoldenError as e:
-            problems.append(str(e))
-        except UsageError as e:  # a name that cannot be a golden directory
-            problems.append(f"scenario {s.name!r} cannot have a golden: {e} (command-line overrides "
-                            f"rename a scenario; check goldens of scenarios as their files define them)")
-    if problems:
-        more = f" (and {len(problems) - 1} more unusable golden(s))" if len(problems) > 1 else ""
-        raise GoldenError(problems[0] + more)
-
-
 def _version() -> str:
     from parity import __version__
     return __version__
@@ -543,21 +523,12 @@ def cmd_golden(args, argv) -> int:
 
     if args.action in ("check", "regen"):
         _check_determinism_env(False)
-        if args.action == "check":
-            _precheck_goldens(_golden_selection(args), args.goldens)
-        if args.action == "regen":
-            _prepare_out(str(args.goldens or default_root()), "goldens directory")
+    if args.action == "regen":
+        if args.steps:
+            from parity.harness.errors import UsageError
+            raise UsageError("--steps is for check: goldens are recorded over the scenario's full length")
+        _prepare_out(str(args.goldens or default_root()), "goldens directory")
     return golden_command(args, _resolve)
-
-
-def _golden_selection(args):
-    """The scenarios `parity golden check|regen` works on (as goldens_cli selects them)."""
-    from parity.harness.scenario import load_all
-
-    scenarios = _resolve(args.scenarios) if args.scenarios else load_all()
-    if args.device:
-        scenarios = [s for s in scenarios if s.device == args.device]
-    return scenarios
 
 
 def cmd_diff(args, argv) -> int:

@@ -27,9 +27,12 @@ import torch
 __all__ = [
     "ACCEPTED_CUBLAS_WORKSPACE_CONFIGS",
     "ACCEPTED_NCCL_ALGO_TOKENS",
+    "CPU_PINS",
     "DETERMINISM_ENV",
     "DeterminismError",
+    "apply_cpu_pins",
     "apply_determinism",
+    "cpu_isa",
     "validate_determinism_env",
 ]
 
@@ -51,6 +54,63 @@ if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 1
     # the same order every run. From torch 2.11 on this is the default and setting the variable
     # only makes every NCCL rank print a deprecation warning (seen with 2.11 on H200).
     DETERMINISM_ENV["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+
+# CPU kernels that give the same bits on every x86-64 CPU with AVX2 (docs/measurements/
+# 2026-12-01-cpu-platform-independence.md). Without them the bits follow the CPU: ATen picks its
+# vectorized kernels (reductions, softmax, exp/silu, the Box-Muller of randn) by instruction set,
+# MKL its GEMM and vector-math kernels by instruction set, and oneDNN (bf16 GEMMs) by instruction
+# set and cache sizes (the model therefore runs no bf16 GEMM: parity.model.matmul). Each is set only where the environment does not set it already; a
+# different value is a different platform (see parity.harness.platform), not a violation.
+CPU_PINS: dict[str, str] = {
+    # ATen's kernels at AVX2 (x86-64 servers since 2013 have it; a CPU without falls back to
+    # the scalar kernels, which the platform id then names).
+    "ATEN_CPU_CAPABILITY": "avx2",
+    # MKL's conditional numerical reproducibility on its COMPATIBLE branch (SSE2 without the
+    # approximate rcpps/rsqrtps, whose results differ between Intel and AMD), the only branch
+    # MKL also honours on non-Intel CPUs; results independent of memory alignment (STRICT) for a
+    # fixed thread count (1 per rank). An ISA branch such as AVX2 falls back to MKL's automatic
+    # dispatch on AMD.
+    "MKL_CBWR": "COMPATIBLE,STRICT",
+}
+_ISA_ORDER = ("default", "avx2", "avx512")
+
+
+def cpu_isa(env: Mapping[str, str] = os.environ) -> str:
+    """The ATen CPU kernel set a rank runs with under ``env`` and the pins: the requested one
+    (the pin unless ``env`` sets ATEN_CPU_CAPABILITY), capped by what this CPU supports."""
+    want = env.get("ATEN_CPU_CAPABILITY", CPU_PINS["ATEN_CPU_CAPABILITY"]).strip().lower()
+    have = torch.backends.cpu.get_cpu_capability().lower()
+    if want not in _ISA_ORDER:
+        return have
+    if have not in _ISA_ORDER:  # e.g. ZVECTOR, VSX on other architectures
+        return have
+    return _ISA_ORDER[min(_ISA_ORDER.index(want), _ISA_ORDER.index(have))]
+
+
+def apply_cpu_pins(env: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Set :data:`CPU_PINS` where ``env`` lacks them; returns the ones set by this call.
+
+    Takes effect only before the process's first CPU kernel dispatch (ATen reads
+    ATEN_CPU_CAPABILITY once, MKL reads MKL_CBWR at its first call): the launcher applies them
+    in the parent before any rank or fork server starts, and again in each rank.
+    """
+    set_now = {}
+    for name, value in CPU_PINS.items():
+        if name not in env:
+            env[name] = value
+            set_now[name] = value
+    if env is os.environ:
+        # ATen fixes its kernel set at its first dispatch in this process: if that came before
+        # the pin, the process runs wider kernels than the pin asks for; refuse to go on.
+        want = env["ATEN_CPU_CAPABILITY"].strip().lower()
+        have = torch.backends.cpu.get_cpu_capability().lower()
+        if want in _ISA_ORDER and have in _ISA_ORDER and _ISA_ORDER.index(have) > _ISA_ORDER.index(want):
+            raise DeterminismError(
+                f"ATen already runs its {have} CPU kernels in this process, but ATEN_CPU_CAPABILITY "
+                f"asks for {want}: set ATEN_CPU_CAPABILITY={want} in the environment before starting it"
+            )
+    return set_now
+
 
 # NCCL_ALGO is a comma-separated list. Ring and the CollNet variants reduce in a fixed order;
 # "^NVLS" (everything except NVLS) is accepted as Megatron does. Tree is rejected: its reduction
@@ -173,8 +233,10 @@ def apply_determinism(
             env[name] = value
             set_by_default[name] = value
 
+    set_by_default.update(apply_cpu_pins(env))
+
     applied: dict[str, Any] = {
-        "env": {name: env[name] for name in DETERMINISM_ENV},
+        "env": {name: env[name] for name in (*DETERMINISM_ENV, *CPU_PINS)},
         "set_by_default": set_by_default,
         "violations": violations,
         "warnings": warning_lines,

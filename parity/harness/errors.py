@@ -26,6 +26,9 @@ __all__ = [
     "ConfigError",
     "GoldenError",
     "GoldenExistsError",
+    "GoldenMissing",
+    "GoldenStale",
+    "GoldenFormatError",
     "SnapshotError",
     "RuntimeFailure",
     "MismatchError",
@@ -73,6 +76,27 @@ class GoldenError(ParityError):
 
 class GoldenExistsError(GoldenError):
     """Writing a golden would replace an existing one and overwrite was not allowed."""
+
+
+class GoldenMissing(GoldenError):
+    """No golden for this scenario (or this configuration of it) on this platform.
+
+    ``parity run`` reports it as golden "missing" (a pass unless ``--golden require``); commands
+    that need the golden exit 2. ``others`` lists the platform ids that do have one.
+    """
+
+    def __init__(self, message: str, *, platform_id: str = "", others: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.platform_id = platform_id
+        self.others = tuple(others)
+
+
+class GoldenStale(GoldenError):
+    """The golden was recorded for another configuration of the scenario: regenerate it."""
+
+
+class GoldenFormatError(GoldenError):
+    """The golden was written in a format this parity does not read: regenerate it (or upgrade)."""
 
 
 class SnapshotError(ParityError):

@@ -1,1277 +1,597 @@
-"""Golden records: what a scenario produced on one platform, for later runs to match.
+"""Golden records: what a scenario's tested side produced on one platform, for later runs to match.
 
-Layout::
+A golden lives in ``<root>/<scenario>/<platform_id>/`` (platform ids: :mod:`parity.harness.platform`)::
 
-    <root>/<scenario>/<platform_id>/
-        manifest.json                        always
-        step_00001_rank_000.safetensors      only when recorded with store_tensors=True
-        ...
+    manifest.json                      the record
+    tensors_step_00000.safetensors     rank 0's tensors at each stored step (default: first, last)
 
-``manifest.json`` holds: the format version, the scenario name and the
-caller's scenario fingerprint (a string that changes when the scenario config
-does), the platform fingerprint (see :mod:`parity.harness.platform`), the steps
-and ranks, and per step and rank: the loss as exact bits (hex) plus its repr,
-and for every capture key the dtype, shape and sha256 of the raw bytes. When
-tensors are stored, the manifest also lists every tensor file with its size
-and sha256, so a modified, truncated or missing file is detected on load.
+The record holds the scenario's name and config (without name, step count and stored steps, so
+a shorter run checks a prefix of the golden), the platform fingerprint, the step count, and per
+rank: the loss bits of every step and, per tensor ``phase/name``, its dtype, shape and a 64-bit
+digest (the first 16 hex digits of the sha256 of its bytes) for every step. Tensor files are
+listed with size and sha256, so a damaged golden is an error, never a silent pass.
 
-Writing is atomic (:meth:`GoldenRecorder.write`): everything is built in a
-hidden staging directory beside the target and fsynced, then swapped in with
-one ``renameat2(RENAME_EXCHANGE)`` where Linux offers it, or with two renames
-otherwise. An interruption at any point (SIGINT, SIGKILL, power loss) leaves
-the previous golden intact and readable: in the two-rename fallback, a reader
-that finds the target gone reads the moved-aside copy, and the next writer
-puts it back. Leftover staging directories of dead writers are removed by the
-next write. An existing golden is replaced only with ``overwrite=True``.
+A run makes the same record: :func:`capture_phase` in every rank, :func:`record_from_results`
+in the parent. :func:`compare` checks a run's record against a golden in one of two tiers:
 
-Checking (:func:`check_against_golden`, :class:`GoldenChecker`) has two tiers:
+* ``exact`` (a golden of this platform): every digest of every step both hold must match; the
+  first differing (step, phase, tensor, rank) is named;
+* ``approx`` (a golden of another platform): the loss of every step both hold must agree within
+  :data:`APPROX_LOSS_RTOL`; bit differences are reported, not judged.
 
-* ``exact`` compares digests (and loss bits). With stored tensors, a digest
-  mismatch is expanded into an element-level :class:`~parity.harness.compare.TensorDiff`
-  (count, first index, ULP histogram).
-* ``approx`` needs stored tensors and BOTH ``rtol`` and ``atol`` (as
-  ``torch.testing.assert_close`` does: setting one alone is an error). Float
-  tensors pass where ``|actual - golden| <= atol + rtol * |golden|`` (NaN never
-  passes); integer and bool tensors (e.g. raw fp8 bytes) must still match exactly.
-
-Every problem is reported, not just the first: missing and extra keys, steps
-or ranks the golden lacks, and (:meth:`GoldenChecker.unused`) golden steps no
-run checked. Problems with the golden itself (missing, malformed, corrupt,
-other platform, stale scenario) raise :class:`~parity.harness.errors.GoldenError`
-(exit code 2).
-
-Regeneration follows pytest-regressions: :func:`regen_golden` writes the new
-record and still reports ``"fail"`` unless ``accept=True`` (or nothing
-changed), with a summary of what changed for review.
+Both report the drift at the stored steps both hold (rank 0): per tensor, the differing
+elements, max ULP and ULP histogram. :func:`find` picks the golden for a scenario and raises a
+typed error (:class:`GoldenMissing`, :class:`GoldenStale`, :class:`GoldenFormatError`, or
+:class:`GoldenError` for a damaged one). :func:`write` replaces a record atomically
+(:mod:`parity.harness.atomic`): an interrupted writer leaves the previous golden readable.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
+import dataclasses
+import hashlib
 import json
-import math
 import os
 import re
-import shutil
-import sys
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from parity.harness.compare import (
-    ULP_BUCKETS,
-    TensorDiff,
-    _check_tensor,
-    bit_view,
-    compare_tensors,
-)
+from parity.harness import atomic
+from parity.harness.compare import TensorDiff, bit_view, compare_tensors, ulp_distance
 from parity.harness.errors import (
     GoldenError,
     GoldenExistsError,
+    GoldenFormatError,
+    GoldenMissing,
+    GoldenStale,
     SnapshotError,
-    UsageError,
 )
-from parity.harness.platform import EXACT_MATCH_KEYS, fingerprint_diff
-from parity.harness.platform import platform_id as make_platform_id
-from parity.harness.snapshot import (
-    file_sha256,
-    fsync_dir,
-    read_snapshot,
-    snapshot_filename,
-    tensor_sha256,
-    to_cpu_contiguous,
-    write_snapshot,
-)
-
-__all__ = [
-    "GOLDEN_FORMAT",
-    "GOLDEN_FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "LOSS_KEY",
-    "KeyRecord",
-    "LossRecord",
-    "GoldenRecorder",
-    "Golden",
-    "GoldenRef",
-    "GoldenMismatch",
-    "GoldenChecker",
-    "GoldenInventory",
-    "RegenResult",
-    "load_golden",
-    "check_against_golden",
-    "list_goldens",
-    "golden_inventory",
-    "describe_golden",
-    "diff_goldens",
-    "regen_golden",
-]
+from parity.harness.platform import fingerprint_diff, platform_id
+from parity.harness.snapshot import file_sha256, read_snapshot, tensor_sha256, to_cpu_contiguous, write_snapshot
+from parity.vocab import STEP_PHASES, Phase
 
 GOLDEN_FORMAT = "parity-golden"
-GOLDEN_FORMAT_VERSION = 1
+GOLDEN_FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
-LOSS_KEY = "forward/loss"
-TIERS = ("exact", "approx")
+DIGEST_HEX = 16
+APPROX_LOSS_RTOL = 0.05
+"""Approximate tier: the largest relative loss difference from another platform's golden."""
+_EXCLUDED = ("name", "steps", "golden_tensor_steps")  # not part of a golden's identity
+_PHASE_IDX = {p: i for i, p in enumerate(STEP_PHASES)}
+_DIGESTS_RE = re.compile(rf"^(?:[0-9a-f]{{{DIGEST_HEX}}}|-)(?: (?:[0-9a-f]{{{DIGEST_HEX}}}|-))*$")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# ---------------------------------------------------------------------------------------------
+# Scenario identity and the rank side
+# ---------------------------------------------------------------------------------------------
 
 
-# --------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------
+def base_name(name: str) -> str:
+    """The scenario a name refers to: the CLI names an overridden scenario ``base[key=value+...]``."""
+    return name.split("[", 1)[0]
+
+
+def scenario_config(scenario) -> dict[str, Any]:
+    """The scenario's settings that identify its golden: those not at their default, without the
+    name, the step count and the stored steps (so a new field at its default changes nothing)."""
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(scenario)}
+    return {k: v for k, v in scenario.to_dict().items() if k not in _EXCLUDED and v != defaults.get(k)}
+
+
+def fingerprint(config: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(dict(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tensor_steps(spec, steps: int) -> list[int]:
+    """Resolve stored steps (Python indices: -1 is the last step) against a step count."""
+    return sorted({s % steps for s in spec if -steps <= s < steps}) if steps > 0 else []
+
+
+def capture_phase(out: dict, scenario, rank: int, step: int, phase: str, live: Mapping[str, torch.Tensor]) -> None:
+    """Add one phase of the tested side to a rank's record ``out``: a digest per tensor, the loss
+    bits, and on rank 0, at the scenario's stored steps, a CPU copy of every tensor."""
+    keep = rank == 0 and step in tensor_steps(scenario.golden_tensor_steps, scenario.steps)
+    digests = out.setdefault("digests", {}).setdefault(step, {})
+    meta = out.setdefault("meta", {})
+    kept = out.setdefault("tensors", {}).setdefault(step, {}) if keep else None
+    for name, t in live.items():
+        key = f"{phase}/{name}"
+        digests[key] = tensor_sha256(t)[:DIGEST_HEX]
+        meta[key] = (_dtype_name(t.dtype), tuple(t.shape))
+        if kept is not None:
+            kept[key] = to_cpu_contiguous(t)
+    if phase == Phase.FORWARD:
+        out.setdefault("loss", {})[step] = loss_hex(live["loss"])
+
+
+def loss_hex(t: torch.Tensor) -> str:
+    """The bits of a one-element float32 loss, ``0x3f800000`` style."""
+    bits = int(bit_view(t.detach().reshape(-1)[:1].float()).item()) & 0xFFFFFFFF
+    return f"0x{bits:08x}"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-@dataclass(frozen=True, slots=True)
-class KeyRecord:
-    """What the golden knows about one captured tensor."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    sha256: str
-
-    @staticmethod
-    def from_tensor(t: torch.Tensor) -> KeyRecord:
-        """The record of a tensor (its bytes are hashed on the CPU)."""
-        return KeyRecord(_dtype_name(t.dtype), tuple(t.shape), tensor_sha256(t))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "sha256": self.sha256}
-
-
-@dataclass(frozen=True, slots=True)
-class LossRecord:
-    """A loss value as exact bits: ``hex`` is the bit pattern in its own dtype."""
-
-    dtype: str
-    hex: str
-    repr: str
-
-    @property
-    def value(self) -> float:
-        return float(self.repr)
-
-    @staticmethod
-    def from_tensor(t: torch.Tensor) -> LossRecord | None:
-        """A record for a one-element float tensor, else None."""
-        if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
-            return None
-        bits = int(bit_view(t.detach().reshape(())).item()) & ((1 << (8 * t.element_size())) - 1)
-        return LossRecord(
-            dtype=_dtype_name(t.dtype),
-            hex=f"0x{bits:0{2 * t.element_size()}x}",
-            repr=repr(float(t.detach().to(torch.float64).item())),
-        )
-
-    def to_json(self) -> dict[str, str]:
-        return {"dtype": self.dtype, "hex": self.hex, "repr": self.repr}
-
-
-def _check_name(kind: str, name: str) -> None:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise UsageError(f"{kind} name {name!r} must match {_NAME_RE.pattern} (it becomes a directory name)")
-
-
-# --------------------------------------------------------------------------------------------
-# Recording and atomic writing
-# --------------------------------------------------------------------------------------------
-
-
-class GoldenRecorder:
-    """Collects captures of a run and writes them as one golden record.
-
-    Args:
-        scenario: the scenario name (a directory name).
-        scenario_fingerprint: a string that identifies the scenario config
-            (e.g. a hash of it); a golden is stale when it changes.
-        platform: the platform fingerprint (:func:`~parity.harness.platform.platform_fingerprint`).
-        store_tensors: keep full tensors and write them as safetensors files
-            (for small scenarios: the tensors are held in CPU memory until
-            :meth:`write`). Without it only digests are recorded.
-        loss_key: the capture key holding the loss.
-        info: free-form ``{str: str}`` stored in the manifest (git SHA, CLI).
-    """
-
-    def __init__(
-        self,
-        scenario: str,
-        scenario_fingerprint: str,
-        platform: Mapping[str, str],
-        *,
-        store_tensors: bool = False,
-        loss_key: str = LOSS_KEY,
-        info: Mapping[str, str] | None = None,
-    ) -> None:
-        _check_name("scenario", scenario)
-        if not isinstance(scenario_fingerprint, str) or not scenario_fingerprint:
-            raise UsageError("scenario_fingerprint must be a non-empty string")
-        missing = [k for k in EXACT_MATCH_KEYS if k not in platform]
-        if missing:
-            raise UsageError(f"platform fingerprint lacks {', '.join(missing)}; build it with platform_fingerprint()")
-        self.scenario = scenario
-        self.scenario_fingerprint = scenario_fingerprint
-        self.platform = {str(k): str(v) for k, v in platform.items()}
-        self.platform_id = make_platform_id(self.platform)
-        self.store_tensors = store_tensors
-        self.loss_key = loss_key
-        self.info = {str(k): str(v) for k, v in (info or {}).items()}
-        self._keys: dict[tuple[int, int], dict[str, KeyRecord]] = {}
-        self._loss: dict[tuple[int, int], LossRecord | None] = {}
-        self._tensors: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-
-    @property
-    def steps(self) -> list[int]:
-        return sorted({s for s, _ in self._keys})
-
-    @property
-    def ranks(self) -> list[int]:
-        return sorted({r for _, r in self._keys})
-
-    def add(self, step: int, rank: int, capture: Mapping[str, torch.Tensor]) -> None:
-        """Record the capture of one step on one rank (digests are computed now)."""
-        if not isinstance(step, int) or not isinstance(rank, int) or step < 0 or rank < 0:
-            raise UsageError(f"golden add: step and rank must be non-negative ints, got {step!r}, {rank!r}")
-        if (step, rank) in self._keys:
-            raise UsageError(f"golden add: step {step} rank {rank} recorded twice")
-        if not capture:
-            raise UsageError(f"golden add: step {step} rank {rank}: empty capture, nothing to record")
-        keys: dict[str, KeyRecord] = {}
-        kept: dict[str, torch.Tensor] = {}
-        for k, t in capture.items():
-            if not isinstance(k, str) or not k:
-                raise UsageError(f"golden add: capture keys must be non-empty strings, got {k!r}")
-            _check_tensor(t, f"step {step}/{k}/rank {rank}", "capture")
-            cpu = to_cpu_contiguous(t)
-            keys[k] = KeyRecord(_dtype_name(cpu.dtype), tuple(cpu.shape), tensor_sha256(cpu))
-            if self.store_tensors:
-                kept[k] = cpu
-        self._keys[(step, rank)] = keys
-        self._loss[(step, rank)] = LossRecord.from_tensor(capture[self.loss_key]) if self.loss_key in capture else None
-        if self.store_tensors:
-            self._tensors[(step, rank)] = kept
-
-    def add_digests(
-        self, step: int, rank: int, records: Mapping[str, KeyRecord], *, loss: LossRecord | None = None
-    ) -> None:
-        """Record one step and rank from precomputed :class:`KeyRecord` s (e.g. sent by a rank).
-
-        Build them with :meth:`KeyRecord.from_tensor` and :meth:`LossRecord.from_tensor`
-        where the tensors live. Not possible with ``store_tensors``.
-        """
-        if self.store_tensors:
-            raise UsageError("golden add_digests: this recorder stores tensors, use add() with the capture")
-        if not isinstance(step, int) or not isinstance(rank, int) or step < 0 or rank < 0:
-            raise UsageError(f"golden add: step and rank must be non-negative ints, got {step!r}, {rank!r}")
-        if (step, rank) in self._keys:
-            raise UsageError(f"golden add: step {step} rank {rank} recorded twice")
-        if not records:
-            raise UsageError(f"golden add: step {step} rank {rank}: no records, nothing to record")
-        for k, rec in records.items():
-            if not isinstance(rec, KeyRecord) or not re.fullmatch(r"[0-9a-f]{64}", rec.sha256):
-                raise UsageError(f"golden add: {k!r} needs a KeyRecord with a full sha256 (KeyRecord.from_tensor)")
-        self._keys[(step, rank)] = dict(records)
-        self._loss[(step, rank)] = loss
-
-    def to_golden(self) -> Golden:
-        """The recorded data as an in-memory :class:`Golden` (not written anywhere)."""
-        m = self.manifest()
-        return Golden(
-            path=Path("<memory>") / self.scenario / self.platform_id,
-            manifest=m,
-            scenario=self.scenario,
-            scenario_fingerprint=self.scenario_fingerprint,
-            platform_id=self.platform_id,
-            platform=dict(self.platform),
-            steps=self.steps,
-            ranks=self.ranks,
-            store_tensors=self.store_tensors,
-            loss_key=self.loss_key,
-            _keys={k: dict(v) for k, v in self._keys.items()},
-            _loss=dict(self._loss),
-            _memory=self._tensors if self.store_tensors else None,
-        )
-
-    def manifest(self, files: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-        """The manifest as a JSON-ready dict (``files`` as written by :meth:`write`)."""
-        records: dict[str, Any] = {}
-        for step in self.steps:
-            ranks = sorted(r for s, r in self._keys if s == step)
-            first_loss = next((self._loss[(step, r)] for r in ranks if self._loss[(step, r)]), None)
-            records[str(step)] = {
-                "loss": first_loss.to_json() if first_loss else None,
-                "ranks": {
-                    str(r): {
-                        "loss": self._loss[(step, r)].to_json() if self._loss[(step, r)] else None,
-                        "file": snapshot_filename(step, r) if self.store_tensors else None,
-                        "tensors": {k: rec.to_json() for k, rec in self._keys[(step, r)].items()},
-                    }
-                    for r in ranks
-                },
-            }
-        return {
-            "format": GOLDEN_FORMAT,
-            "format_version": GOLDEN_FORMAT_VERSION,
-            "scenario": self.scenario,
-            "scenario_fingerprint": self.scenario_fingerprint,
-            "platform_id": self.platform_id,
-            "platform": dict(self.platform),
-            "info": dict(self.info),
-            "loss_key": self.loss_key,
-            "store_tensors": self.store_tensors,
-            "steps": self.steps,
-            "ranks": self.ranks,
-            "records": records,
-            "files": {name: dict(v) for name, v in (files or {}).items()},
-        }
-
-    def _write_staging(self, staging: Path) -> None:
-        files: dict[str, dict[str, Any]] = {}
-        if self.store_tensors:
-            for (step, rank), tensors in sorted(self._tensors.items()):
-                name = snapshot_filename(step, rank)
-                write_snapshot(
-                    staging / name,
-                    tensors,
-                    {
-                        "parity.golden.scenario": self.scenario,
-                        "parity.golden.platform_id": self.platform_id,
-                        "parity.golden.step": str(step),
-                        "parity.golden.rank": str(rank),
-                    },
-                )
-                files[name] = {"bytes": (staging / name).stat().st_size, "sha256": file_sha256(staging / name)}
-        text = json.dumps(self.manifest(files), indent=1, allow_nan=False) + "\n"
-        with open(staging / MANIFEST_NAME, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(staging)
-
-    def write(self, root: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-        """Write the golden to ``<root>/<scenario>/<platform_id>/`` atomically.
-
-        Args:
-            root: the goldens root directory.
-            overwrite: replace an existing golden (otherwise that is an error).
-
-        Returns:
-            The golden directory.
-
-        Raises:
-            GoldenExistsError: a golden exists and ``overwrite`` is False.
-            UsageError: nothing was recorded.
-            GoldenError: the filesystem refused (permissions, disk full).
-        """
-        if not self._keys:
-            raise UsageError(f"golden {self.scenario}: nothing recorded, refusing to write an empty golden")
-        parent = Path(root) / self.scenario
-        target = parent / self.platform_id
-        if not overwrite and _resolve_dir(parent, self.platform_id) is not None:
-            raise GoldenExistsError(
-                f"golden {target} already exists; regenerate it explicitly (overwrite=True / parity golden regen)"
-            )
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            _cleanup_stale(parent, self.platform_id)
-            staging = Path(tempfile.mkdtemp(prefix=f".{self.platform_id}.tmp-{os.getpid()}-", dir=parent))
-            os.chmod(staging, 0o755)  # mkdtemp makes it private; goldens are shared files
-        except OSError as e:
-            raise GoldenError(f"cannot create golden under {parent}: {e.strerror or e}") from None
-        try:
-            self._write_staging(staging)
-            _swap_into_place(staging, target)
-        except BaseException as e:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(e, OSError):
-                raise GoldenError(f"cannot write golden {target}: {e.strerror or e}") from None
-            if isinstance(e, SnapshotError):
-                raise GoldenError(f"cannot write golden {target}: {e}") from None
-            raise
-        return target
-
-
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def _rename_exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths with Linux renameat2(RENAME_EXCHANGE); False if unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _swap_into_place(staging: Path, target: Path) -> None:
-    """Make ``staging`` the golden at ``target``; the old one stays readable throughout."""
-    parent = target.parent
-    if not target.exists():
-        os.rename(staging, target)
-        fsync_dir(parent)
-        return
-    if _rename_exchange(staging, target):
-        fsync_dir(parent)
-        shutil.rmtree(staging, ignore_errors=True)  # now holds the old golden
-        return
-    # Fallback: move the old golden aside, then move the new one in. Between
-    # the two renames readers find the old one under its backup name.
-    backup = parent / f".{target.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
-    os.rename(target, backup)
-    fsync_dir(parent)
-    _between_renames()
-    os.rename(staging, target)
-    fsync_dir(parent)
-    shutil.rmtree(backup, ignore_errors=True)
-
-
-def _between_renames() -> None:
-    """Test hook: the window of the two-rename fallback."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-_LEFTOVER_RE = re.compile(r"^\.(?P<pid_id>.+)\.(?P<kind>tmp|old)-(?P<writer>\d+)-")
-
-
-def _leftovers(parent: Path, pid_id: str) -> list[tuple[str, int, Path]]:
-    out = []
-    if not parent.is_dir():
-        return out
-    for p in parent.iterdir():
-        m = _LEFTOVER_RE.match(p.name)
-        if m and m.group("pid_id") == pid_id and p.is_dir():
-            out.append((m.group("kind"), int(m.group("writer")), p))
-    return out
-
-
-def _cleanup_stale(parent: Path, pid_id: str) -> None:
-    """Remove staging dirs of dead writers; restore a moved-aside golden if the swap was cut short."""
-    target = parent / pid_id
-    for kind, writer, path in sorted(_leftovers(parent, pid_id), key=lambda t: t[0]):
-        if _pid_alive(writer) and writer != os.getpid():
-            continue
-        if kind == "old" and not target.exists() and (path / MANIFEST_NAME).is_file():
-            os.rename(path, target)
-            fsync_dir(parent)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _resolve_dir(parent: Path, pid_id: str) -> Path | None:
-    """The directory holding the golden: the target, or a moved-aside copy mid-swap."""
-    target = parent / pid_id
-    if target.is_dir():
-        return target
-    backups = [p for kind, _, p in _leftovers(parent, pid_id) if kind == "old" and (p / MANIFEST_NAME).is_file()]
-    if backups:
-        return max(backups, key=lambda p: p.stat().st_mtime)
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
-class Golden:
-    """A loaded golden record (see :func:`load_golden`)."""
+class RankRecord:
+    """One rank's digests: ``keys[key] = (dtype, shape)``, ``digests[key][step]``, ``loss[step]``
+    (None where the step did not produce it)."""
 
-    path: Path
-    manifest: dict[str, Any]
+    keys: dict[str, tuple[str, tuple[int, ...]]]
+    digests: dict[str, list[str | None]]
+    loss: list[str | None]
+
+
+@dataclass
+class Record:
+    """A golden, or a run's record in the same form (``path`` None until written)."""
+
     scenario: str
-    scenario_fingerprint: str
-    platform_id: str
+    config: dict[str, Any]
     platform: dict[str, str]
-    steps: list[int]
-    ranks: list[int]
-    store_tensors: bool
-    loss_key: str
-    _keys: dict[tuple[int, int], dict[str, KeyRecord]] = field(repr=False, default_factory=dict)
-    _loss: dict[tuple[int, int], LossRecord | None] = field(repr=False, default_factory=dict)
-    _files: dict[tuple[int, int], str] = field(repr=False, default_factory=dict)
-    _memory: dict[tuple[int, int], dict[str, torch.Tensor]] | None = field(repr=False, default=None)
+    steps: int
+    ranks: dict[int, RankRecord]
+    tensor_steps: list[int]
+    info: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory: dict[int, dict[str, torch.Tensor]] | None = field(default=None, repr=False)
 
-    def has(self, step: int, rank: int) -> bool:
-        return (step, rank) in self._keys
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.config)
 
-    def entries(self) -> list[tuple[int, int]]:
-        """All recorded (step, rank) pairs, sorted."""
-        return sorted(self._keys)
+    @property
+    def platform_id(self) -> str:
+        return platform_id(self.platform)
 
-    def ranks_of(self, step: int) -> list[int]:
-        return sorted(r for s, r in self._keys if s == step)
-
-    def record(self, step: int, rank: int) -> dict[str, KeyRecord]:
-        """``{key: KeyRecord}`` for one step and rank."""
+    def tensors(self, step: int) -> dict[str, torch.Tensor]:
+        """Rank 0's tensors at a stored step, checked against the recorded digests."""
+        if self.memory is not None:
+            return self.memory[step]
+        if step not in self.tensor_steps or self.path is None:
+            raise GoldenError(f"record {self.path} stores no tensors for step {step}")
         try:
-            return self._keys[(step, rank)]
-        except KeyError:
-            raise UsageError(f"golden {self.path} has no step {step} rank {rank}") from None
-
-    def loss(self, step: int, rank: int | None = None) -> LossRecord | None:
-        """The loss of ``step`` on ``rank`` (default: the lowest rank that has one)."""
-        if rank is not None:
-            return self._loss.get((step, rank))
-        return next((self._loss[(step, r)] for r in self.ranks_of(step) if self._loss.get((step, r))), None)
-
-    def load_tensors(self, step: int, rank: int, *, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """The stored tensors of one step and rank, verified against the manifest digests.
-
-        Raises:
-            GoldenError: no tensors stored, or the file is unreadable or does
-                not match the manifest (the golden was modified after recording).
-        """
-        if not self.store_tensors:
-            raise GoldenError(f"golden {self.path} stores digests only; re-record it with store_tensors to get tensors")
-        record = self.record(step, rank)
-        if self._memory is not None:
-            tensors = dict(self._memory[(step, rank)])
-            return tensors if str(device) == "cpu" else {k: v.to(device) for k, v in tensors.items()}
-        path = self.path / self._files[(step, rank)]
-        try:
-            tensors, _ = read_snapshot(path)
+            tensors, _ = read_snapshot(self.path / _tensor_file(step))
         except SnapshotError as e:
             raise GoldenError(f"golden {self.path} is damaged: {e}") from None
-        if set(tensors) != set(record):
-            raise GoldenError(
-                f"golden {path}: tensor names differ from the manifest; the golden was modified after recording"
-            )
+        rank0 = self.ranks[0]
         for k, t in tensors.items():
-            rec = record[k]
-            if _dtype_name(t.dtype) != rec.dtype or tuple(t.shape) != rec.shape or tensor_sha256(t) != rec.sha256:
-                raise GoldenError(
-                    f"golden {path}: tensor {k!r} does not match its manifest digest; "
-                    "the golden was modified after recording, regenerate it"
-                )
-        if str(device) != "cpu":
-            tensors = {k: v.to(device) for k, v in tensors.items()}
+            if k not in rank0.keys or tensor_sha256(t)[:DIGEST_HEX] != rank0.digests[k][step]:
+                raise GoldenError(f"golden {self.path}: stored tensor {k!r} of step {step} does not match its "
+                                  "digest; the golden was modified after recording, regenerate it")
         return tensors
 
 
-def _malformed(path: Path, what: str) -> GoldenError:
-    return GoldenError(f"golden manifest {path} is malformed: {what}; regenerate the golden")
+def _tensor_file(step: int) -> str:
+    return f"tensors_step_{step:05d}.safetensors"
 
 
-def _parse_manifest(path: Path) -> dict[str, Any]:
+def record_from_results(scenario, results: list[dict], platform: Mapping[str, str],
+                        info: Mapping[str, str] | None = None) -> Record:
+    """The record of a run from its ranks' results (each with ``result["golden"]``)."""
+    steps = 1 + max((s for r in results for s in r["golden"].get("digests", {})), default=-1)
+    ranks = {}
+    for r in results:
+        g = r["golden"]
+        keys = {k: (d, tuple(s)) for k, (d, s) in g.get("meta", {}).items()}
+        by_step = g.get("digests", {})
+        ranks[r["rank"]] = RankRecord(
+            keys=keys,
+            digests={k: [by_step.get(s, {}).get(k) for s in range(steps)] for k in keys},
+            loss=[g.get("loss", {}).get(s) for s in range(steps)],
+        )
+    memory = next((r["golden"].get("tensors") for r in results if r["rank"] == 0), None) or {}
+    memory = {s: t for s, t in memory.items() if t}
+    return Record(base_name(scenario.name), scenario_config(scenario), dict(platform), steps, ranks,
+                  sorted(memory), dict(info or {}), memory=memory)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+# ---------------------------------------------------------------------------------------------
+
+
+def manifest(rec: Record, files: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest of a record as a JSON-ready dict (``files``: its tensor files)."""
+    def joined(xs):
+        return " ".join(x or "-" for x in xs)
+
+    return {
+        "format": GOLDEN_FORMAT, "format_version": GOLDEN_FORMAT_VERSION,
+        "scenario": rec.scenario, "fingerprint": rec.fingerprint, "config": rec.config,
+        "platform_id": rec.platform_id, "platform": rec.platform, "info": rec.info,
+        "steps": rec.steps, "tensor_steps": rec.tensor_steps, "files": dict(files),
+        "ranks": {str(r): {"loss": joined(rr.loss),
+                           "tensors": {k: {"dtype": d, "shape": list(s), "digests": joined(rr.digests[k])}
+                                       for k, (d, s) in rr.keys.items()}}
+                  for r, rr in sorted(rec.ranks.items())},
+    }
+
+
+def _parse(path: Path, m: Any) -> Record:
+    def need(cond, what):
+        if not cond:
+            raise GoldenError(f"golden manifest {path / MANIFEST_NAME} is malformed: {what}; regenerate the golden")
+
+    def split(text, what):
+        need(isinstance(text, str) and _DIGESTS_RE.match(text) or text == "", f"{what}: bad digest list")
+        xs = [None if x == "-" else x for x in text.split(" ")] if text else []
+        need(len(xs) == steps, f"{what}: {len(xs)} entries for {steps} steps")
+        return xs
+
+    need(isinstance(m, dict), "top level is not an object")
+    need(m.get("format") == GOLDEN_FORMAT, f"'format' is not {GOLDEN_FORMAT!r}")
+    version = m.get("format_version")
+    need(isinstance(version, int), "'format_version' is not an int")
+    if version != GOLDEN_FORMAT_VERSION:
+        newer = version > GOLDEN_FORMAT_VERSION
+        raise GoldenFormatError(
+            f"golden {path} is in golden format {version}; this parity reads format {GOLDEN_FORMAT_VERSION}: "
+            + ("upgrade parity" if newer else f"regenerate it on its platform (`parity golden regen {m.get('scenario')}`)"))
+    steps = m.get("steps")
+    need(isinstance(steps, int) and steps > 0, "'steps' is not a positive int")
+    need(isinstance(m.get("scenario"), str) and isinstance(m.get("config"), dict), "'scenario' or 'config' missing")
+    need(isinstance(m.get("platform"), dict) and all(isinstance(v, str) for v in m["platform"].values()),
+         "'platform' must map str to str")
+    need(m.get("fingerprint") == fingerprint(m["config"]), "'fingerprint' does not match 'config'")
+    need(isinstance(m.get("tensor_steps"), list) and all(isinstance(s, int) and 0 <= s < steps
+                                                          for s in m["tensor_steps"]), "bad 'tensor_steps'")
+    files = m.get("files")
+    need(isinstance(files, dict) and set(files) == {_tensor_file(s) for s in m["tensor_steps"]},
+         "'files' does not list one tensor file per stored step (not listed)")
+    for f in files.values():
+        need(isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str),
+             "file entries need bytes and sha256")
+    need(isinstance(m.get("ranks"), dict) and m["ranks"], "'ranks' missing or empty")
+    ranks = {}
+    for r, rr in m["ranks"].items():
+        need(r.isdigit() and isinstance(rr, dict) and isinstance(rr.get("tensors"), dict) and rr["tensors"],
+             f"rank {r!r}: not a rank entry with tensors")
+        keys, digests = {}, {}
+        for k, e in rr["tensors"].items():
+            need(isinstance(e, dict) and isinstance(e.get("dtype"), str) and isinstance(e.get("shape"), list)
+                 and all(isinstance(x, int) and x >= 0 for x in e["shape"]), f"rank {r} {k!r}: needs dtype and shape")
+            keys[k] = (e["dtype"], tuple(e["shape"]))
+            digests[k] = split(e.get("digests"), f"rank {r} {k!r}")
+        loss = [None if x == "-" else x for x in rr.get("loss", "").split(" ")] if rr.get("loss") else []
+        need(len(loss) == steps, f"rank {r}: 'loss' has {len(loss)} entries for {steps} steps")
+        ranks[int(r)] = RankRecord(keys, digests, loss)
+    return Record(m["scenario"], m["config"], dict(m["platform"]), steps, ranks, sorted(m["tensor_steps"]),
+                  dict(m.get("info") or {}), path, dict(files))
+
+
+def load(path: str | os.PathLike[str], *, verify_files: bool = True) -> Record:
+    """Load and validate a record directory (a golden, or a run's record)."""
+    gdir = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (gdir / MANIFEST_NAME).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise GoldenError(f"golden {path.parent} has no {MANIFEST_NAME}; it is incomplete, regenerate it") from None
+        raise GoldenError(f"golden {gdir} has no {MANIFEST_NAME}; it is incomplete, regenerate it") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise GoldenError(f"cannot read golden manifest {path}: {e}") from None
+        raise GoldenError(f"cannot read golden manifest {gdir / MANIFEST_NAME}: {e}") from None
     try:
         m = json.loads(text)
     except json.JSONDecodeError as e:
-        raise GoldenError(
-            f"golden manifest {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
-            "regenerate the golden"
-        ) from None
-    if not isinstance(m, dict):
-        raise _malformed(path, "top level is not an object")
-    return m
-
-
-def _need(cond: bool, path: Path, what: str) -> None:
-    if not cond:
-        raise _malformed(path, what)
-
-
-def _is_str_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
-
-
-def _parse_loss(v: Any, path: Path, where: str) -> LossRecord | None:
-    if v is None:
-        return None
-    _need(
-        isinstance(v, dict) and all(isinstance(v.get(k), str) for k in ("dtype", "hex", "repr")),
-        path,
-        f"{where}: loss must have string dtype/hex/repr",
-    )
-    return LossRecord(v["dtype"], v["hex"], v["repr"])
-
-
-def _build_golden(gdir: Path, m: dict[str, Any]) -> Golden:
-    mpath = gdir / MANIFEST_NAME
-    _need(m.get("format") == GOLDEN_FORMAT, mpath, f"'format' is not {GOLDEN_FORMAT!r}")
-    version = m.get("format_version")
-    _need(isinstance(version, int), mpath, "'format_version' is not an int")
-    if version > GOLDEN_FORMAT_VERSION:
-        raise GoldenError(
-            f"golden {gdir} has format version {version}, newer than this parity supports "
-            f"({GOLDEN_FORMAT_VERSION}); upgrade parity"
-        )
-    for k in ("scenario", "scenario_fingerprint", "platform_id", "loss_key"):
-        _need(isinstance(m.get(k), str) and m[k], mpath, f"'{k}' is missing or not a string")
-    _need(_is_str_map(m.get("platform")), mpath, "'platform' must map str to str")
-    _need(isinstance(m.get("store_tensors"), bool), mpath, "'store_tensors' is not a bool")
-    _need(isinstance(m.get("records"), dict) and m["records"], mpath, "'records' is missing or empty")
-    files = m.get("files", {})
-    _need(isinstance(files, dict), mpath, "'files' is not an object")
-
-    keys: dict[tuple[int, int], dict[str, KeyRecord]] = {}
-    losses: dict[tuple[int, int], LossRecord | None] = {}
-    step_files: dict[tuple[int, int], str] = {}
-    for s_key, srec in m["records"].items():
-        _need(s_key.isdigit() and isinstance(srec, dict), mpath, f"record {s_key!r} is not a step entry")
-        ranks = srec.get("ranks")
-        _need(isinstance(ranks, dict) and ranks, mpath, f"step {s_key}: 'ranks' missing or empty")
-        for r_key, rrec in ranks.items():
-            where = f"step {s_key} rank {r_key}"
-            _need(r_key.isdigit() and isinstance(rrec, dict), mpath, f"{where}: not a rank entry")
-            tensors = rrec.get("tensors")
-            _need(isinstance(tensors, dict) and tensors, mpath, f"{where}: 'tensors' missing or empty")
-            recs: dict[str, KeyRecord] = {}
-            for k, tr in tensors.items():
-                ok = (
-                    isinstance(tr, dict)
-                    and isinstance(tr.get("dtype"), str)
-                    and isinstance(tr.get("shape"), list)
-                    and all(isinstance(x, int) and x >= 0 for x in tr["shape"])
-                    and isinstance(tr.get("sha256"), str)
-                    and re.fullmatch(r"[0-9a-f]{64}", tr["sha256"]) is not None
-                )
-                _need(ok, mpath, f"{where}: entry for {k!r} needs dtype, shape and a sha256 hex digest")
-                recs[k] = KeyRecord(tr["dtype"], tuple(tr["shape"]), tr["sha256"])
-            sr = (int(s_key), int(r_key))
-            keys[sr] = recs
-            losses[sr] = _parse_loss(rrec.get("loss"), mpath, where)
-            if m["store_tensors"]:
-                fname = rrec.get("file")
-                _need(isinstance(fname, str) and fname in files, mpath, f"{where}: 'file' not listed in 'files'")
-                step_files[sr] = fname
-    for fname, frec in files.items():
-        _need(
-            isinstance(fname, str)
-            and "/" not in fname
-            and not fname.startswith(".")
-            and isinstance(frec, dict)
-            and isinstance(frec.get("sha256"), str)
-            and isinstance(frec.get("bytes"), int),
-            mpath,
-            f"file entry {fname!r} needs bytes and sha256",
-        )
-    return Golden(
-        path=gdir,
-        manifest=m,
-        scenario=m["scenario"],
-        scenario_fingerprint=m["scenario_fingerprint"],
-        platform_id=m["platform_id"],
-        platform=dict(m["platform"]),
-        steps=sorted({s for s, _ in keys}),
-        ranks=sorted({r for _, r in keys}),
-        store_tensors=m["store_tensors"],
-        loss_key=m["loss_key"],
-        _keys=keys,
-        _loss=losses,
-        _files=step_files,
-    )
-
-
-def _verify_files(g: Golden, *, digests: bool) -> None:
-    for fname, frec in g.manifest.get("files", {}).items():
-        p = g.path / fname
+        raise GoldenError(f"golden manifest {gdir / MANIFEST_NAME} is not valid JSON (line {e.lineno}: {e.msg}); "
+                          "regenerate the golden") from None
+    rec = _parse(gdir, m)
+    for name, f in rec.files.items():
+        p = gdir / name
         if not p.is_file():
-            raise GoldenError(f"golden {g.path} is incomplete: tensor file {fname} is missing; regenerate it")
-        size = p.stat().st_size
-        if size != frec["bytes"]:
-            raise GoldenError(
-                f"golden {g.path}: tensor file {fname} has {size} bytes, manifest says {frec['bytes']} "
-                "(truncated or replaced); regenerate it"
-            )
-        if digests and file_sha256(p) != frec["sha256"]:
-            raise GoldenError(
-                f"golden {g.path}: tensor file {fname} does not match its manifest digest "
-                "(modified or corrupt); regenerate it"
-            )
+            raise GoldenError(f"golden {gdir} is incomplete: tensor file {name} is missing; regenerate it")
+        if p.stat().st_size != f["bytes"]:
+            raise GoldenError(f"golden {gdir}: tensor file {name} has {p.stat().st_size} bytes, the manifest "
+                              f"says {f['bytes']} (truncated or replaced); regenerate it")
+        if verify_files and file_sha256(p) != f["sha256"]:
+            raise GoldenError(f"golden {gdir}: tensor file {name} does not match its digest (modified or "
+                              "corrupt); regenerate it")
+    return rec
 
 
-def load_golden(
-    root: str | os.PathLike[str],
-    scenario: str,
-    platform_id: str,
-    *,
-    platform: Mapping[str, str] | None = None,
-    scenario_fingerprint: str | None = None,
-    allow_other_platform: bool = False,
-    verify_files: bool = True,
-) -> Golden:
-    """Load and validate ``<root>/<scenario>/<platform_id>/``.
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
 
-    Args:
-        root: the goldens root directory.
-        scenario: the scenario name.
-        platform_id: which platform's golden to load.
-        platform: the current platform fingerprint. When given, the golden
-            must have been recorded on a matching platform
-            (:func:`~parity.harness.platform.fingerprint_diff` empty) unless
-            ``allow_other_platform``.
-        scenario_fingerprint: when given, must equal the recorded one (else
-            the golden is stale).
-        allow_other_platform: accept a golden from another platform (useful
-            with the approx tier).
-        verify_files: check every tensor file's sha256 now (sizes are always checked).
+
+def golden_dir(root: str | os.PathLike[str], rec: Record) -> Path:
+    return Path(root) / rec.scenario / rec.platform_id
+
+
+def write(rec: Record, dest: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """Write ``rec`` (with its in-memory tensors) to the directory ``dest``, atomically.
 
     Raises:
-        GoldenError: missing, malformed, incomplete, tampered, stale, or from
-            another platform (exit code 2).
+        GoldenExistsError: ``dest`` holds a record and ``overwrite`` is False.
+        GoldenError: the filesystem refused (permissions, disk full).
     """
-    _check_name("scenario", scenario)
-    _check_name("platform id", platform_id)
-    parent = Path(root) / scenario
-    gdir = _resolve_dir(parent, platform_id)
-    if gdir is None:
-        others = sorted({r.platform_id for r in list_goldens(root) if r.scenario == scenario})
-        hint = f" (goldens exist for: {', '.join(others)})" if others else ""
-        raise GoldenError(
-            f"no golden for scenario {scenario!r} on platform {platform_id} under {root}{hint}; "
-            "record one with `parity golden regen`"
-        )
-    m = _parse_manifest(gdir / MANIFEST_NAME)
-    g = _build_golden(gdir, m)
-    if g.scenario != scenario or g.platform_id != platform_id:
-        raise _malformed(
-            gdir / MANIFEST_NAME,
-            f"it names scenario {g.scenario!r} / platform {g.platform_id!r} but lives in {scenario}/{platform_id}",
-        )
-    if platform is not None and not allow_other_platform:
-        diff = fingerprint_diff(g.platform, dict(platform))
-        if diff or make_platform_id(dict(platform)) != platform_id:
-            what = ", ".join(f"{k}: golden {a!r} vs here {b!r}" for k, a, b in ((k, *v) for k, v in diff.items()))
-            raise GoldenError(
-                f"golden {gdir} was recorded on another platform ({what or 'platform id ' + platform_id}); "
-                "exact goldens only apply on the same platform: record one here, or allow other platforms"
-            )
-    if scenario_fingerprint is not None and scenario_fingerprint != g.scenario_fingerprint:
-        raise GoldenError(
-            f"golden {gdir} is stale: scenario fingerprint {g.scenario_fingerprint!r} != current "
-            f"{scenario_fingerprint!r} (the scenario config changed); regenerate it"
-        )
-    _verify_files(g, digests=verify_files)
-    return g
+    target = Path(dest)
+    files: dict[str, dict[str, Any]] = {}
+
+    def fill(staging: Path) -> None:
+        for step in rec.tensor_steps:
+            p = staging / _tensor_file(step)
+            write_snapshot(p, rec.tensors(step), {"parity.golden.scenario": rec.scenario, "parity.golden.step": str(step)})
+            files[p.name] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        with open(staging / MANIFEST_NAME, "w", encoding="utf-8") as f:
+            f.write(json.dumps(manifest(rec, files), indent=1, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    try:
+        atomic.replace_dir(target, fill, overwrite=overwrite, marker=MANIFEST_NAME)
+    except FileExistsError:
+        raise GoldenExistsError(f"golden {target} already exists; regenerate it explicitly (parity golden regen)") from None
+    except (OSError, SnapshotError) as e:
+        raise GoldenError(f"cannot write golden {target}: {getattr(e, 'strerror', None) or e}") from None
+    rec.path, rec.files = target, files
+    return target
 
 
-# --------------------------------------------------------------------------------------------
-# Checking
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GoldenMismatch:
-    """One way a run disagrees with its golden.
-
-    ``kind`` is one of: ``step_not_in_golden``, ``rank_not_in_golden``,
-    ``missing_key`` (the golden has it, the capture does not), ``extra_key``
-    (the reverse), ``dtype``, ``shape``, ``digest`` (exact tier, no stored
-    tensors), ``values`` (element-level, with ``diff`` in the exact tier),
-    ``loss``, ``unused`` (a golden step/rank no run checked).
-    """
-
-    kind: str
-    path: str
-    message: str
-    diff: TensorDiff | None = None
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def _path(step: int, key: str | None, rank: int) -> str:
-    return f"step {step}/{key}/rank {rank}" if key else f"step {step}/rank {rank}"
-
-
-def _validate_tier(tier: str, rtol: float | None, atol: float | None) -> None:
-    if tier not in TIERS:
-        raise UsageError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
-    if tier == "exact":
-        if rtol is not None or atol is not None:
-            raise UsageError("the exact tier takes no tolerances; use tier='approx' with both rtol and atol")
-        return
-    if (rtol is None) != (atol is None):
-        given, other = ("rtol", "atol") if rtol is not None else ("atol", "rtol")
-        raise UsageError(
-            f"tier 'approx' got {given} but not {other}: set both (an unset one could silently loosen the check)"
-        )
-    if rtol is None or atol is None:
-        raise UsageError("tier 'approx' needs both rtol and atol")
-    for name, v in (("rtol", rtol), ("atol", atol)):
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise UsageError(f"{name} must be a finite number >= 0, got {v!r}")
-
-
-def _approx_compare(expected: torch.Tensor, actual: torch.Tensor, path: str, rtol: float, atol: float) -> str | None:
-    """None if close, else a one-line message (floats by tolerance, others bit-exact)."""
-    if not expected.is_floating_point():
-        d = compare_tensors(expected, actual, path)
-        return None if d.equal else d.message()
-    e = expected.to(actual.device, torch.float64)
-    a = actual.detach().to(torch.float64)
-    close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=False)
-    if bool(close.all()):
-        return None
-    bad = ~close
-    n_bad = int(bad.sum().item())
-    absdiff = torch.where(bad, (a - e).abs().nan_to_num(nan=math.inf), torch.zeros_like(a))
-    flat = int(torch.argmax(absdiff.reshape(-1)).item())
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(a.shape))) if a.dim() else ()
-    first = int(torch.argmax(bad.reshape(-1).to(torch.uint8)).item())
-    fidx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), tuple(a.shape))) if a.dim() else ()
-    n = a.numel()
-    return (
-        f"{path}: {n_bad} of {n} elements outside rtol={rtol:g}, atol={atol:g} "
-        f"({100.0 * n_bad / n:.3g}%), greatest abs diff {float(absdiff.reshape(-1)[flat]):.6g} at {idx}, "
-        f"first at {fidx}: {float(a.reshape(-1)[first])!r} vs golden {float(e.reshape(-1)[first])!r}"
-    )
-
-
-class GoldenChecker:
-    """Checks the captures of a run against one golden and tracks which golden entries were used.
-
-    Args:
-        golden: the loaded golden.
-        tier: ``"exact"`` or ``"approx"``.
-        rtol: relative tolerance (approx only; needs ``atol`` too).
-        atol: absolute tolerance (approx only; needs ``rtol`` too).
-    """
-
-    def __init__(
-        self, golden: Golden, *, tier: str = "exact", rtol: float | None = None, atol: float | None = None
-    ) -> None:
-        _validate_tier(tier, rtol, atol)
-        if tier == "approx" and not golden.store_tensors:
-            raise GoldenError(
-                f"golden {golden.path} stores digests only, the approx tier needs stored tensors; "
-                "re-record it with store_tensors"
-            )
-        self.golden = golden
-        self.tier = tier
-        self.rtol = rtol
-        self.atol = atol
-        self.checked: set[tuple[int, int]] = set()
-        self.mismatches: list[GoldenMismatch] = []
-
-    def check(self, step: int, rank: int, capture: Mapping[str, torch.Tensor]) -> list[GoldenMismatch]:
-        """Compare one capture with the golden; returns (and accumulates) the mismatches."""
-        loss = LossRecord.from_tensor(capture[self.golden.loss_key]) if self.golden.loss_key in capture else None
-        out = self._check(step, rank, capture, loss)
-        self.mismatches.extend(out)
-        return out
-
-    def check_digests(
-        self, step: int, rank: int, records: Mapping[str, KeyRecord], *, loss: LossRecord | None = None
-    ) -> list[GoldenMismatch]:
-        """Like :meth:`check`, from precomputed records (exact tier only; no element-level detail)."""
-        if self.tier != "exact":
-            raise UsageError("the approx tier needs the tensors themselves, not digests")
-        out = self._check(step, rank, records, loss)
-        self.mismatches.extend(out)
-        return out
-
-    def _check(
-        self,
-        step: int,
-        rank: int,
-        actual: Mapping[str, torch.Tensor | KeyRecord],
-        act_loss: LossRecord | None,
-    ) -> list[GoldenMismatch]:
-        g = self.golden
-        if step not in g.steps:
-            span = f"{g.steps[0]}..{g.steps[-1]}" if g.steps else "none"
-            return [
-                GoldenMismatch(
-                    "step_not_in_golden",
-                    _path(step, None, rank),
-                    f"{_path(step, None, rank)}: the golden has no step {step} (golden steps {span}); "
-                    "the run is longer than the recording, regenerate the golden",
-                )
-            ]
-        if not g.has(step, rank):
-            return [
-                GoldenMismatch(
-                    "rank_not_in_golden",
-                    _path(step, None, rank),
-                    f"{_path(step, None, rank)}: the golden has no rank {rank} (golden ranks {g.ranks_of(step)}); "
-                    "the world size differs from the recording",
-                )
-            ]
-        self.checked.add((step, rank))
-        record = g.record(step, rank)
-        out: list[GoldenMismatch] = []
-
-        exp_loss = g.loss(step, rank)
-        loss_handled = exp_loss is not None and act_loss is not None
-        if loss_handled:
-            assert exp_loss is not None and act_loss is not None
-            m = self._check_loss(step, rank, exp_loss, act_loss)
-            if m:
-                out.append(m)
-
-        expected_tensors: dict[str, torch.Tensor] | None = None
-        for k in _union(record, actual):
-            p = _path(step, k, rank)
-            if k not in actual:
-                out.append(GoldenMismatch("missing_key", p, f"{p}: in the golden, missing from this run"))
-                continue
-            if k not in record:
-                out.append(GoldenMismatch("extra_key", p, f"{p}: produced by this run, not in the golden"))
-                continue
-            if k == g.loss_key and loss_handled:
-                continue
-            rec, v = record[k], actual[k]
-            if isinstance(v, KeyRecord):
-                act = v
-            else:
-                _check_tensor(v, p, "capture")
-                act = KeyRecord(_dtype_name(v.dtype), tuple(v.shape), "")
-            if act.dtype != rec.dtype:
-                out.append(GoldenMismatch("dtype", p, f"{p}: dtype differs: golden {rec.dtype} vs {act.dtype}"))
-                continue
-            if act.shape != rec.shape:
-                out.append(GoldenMismatch("shape", p, f"{p}: shape differs: golden {rec.shape} vs {act.shape}"))
-                continue
-            if self.tier == "exact":
-                digest = act.sha256 or tensor_sha256(v)  # type: ignore[arg-type]
-                if digest == rec.sha256:
-                    continue
-                if not g.store_tensors or isinstance(v, KeyRecord):
-                    why = "the golden stores no tensors" if not g.store_tensors else "only digests were given"
-                    out.append(
-                        GoldenMismatch(
-                            "digest",
-                            p,
-                            f"{p}: sha256 differs from the golden ({digest[:12]}.. vs golden {rec.sha256[:12]}..); "
-                            f"{why}, so no element-level detail",
-                        )
-                    )
-                    continue
-                if expected_tensors is None:
-                    expected_tensors = g.load_tensors(step, rank)
-                d = compare_tensors(expected_tensors[k], v, p)
-                if d.equal:  # cannot happen with a verified golden; be loud if it does
-                    raise GoldenError(f"golden {g.path}: stored tensor for {p} disagrees with its manifest digest")
-                out.append(GoldenMismatch("values", p, d.message(), d))
-            else:
-                assert isinstance(v, torch.Tensor) and self.rtol is not None and self.atol is not None
-                if expected_tensors is None:
-                    expected_tensors = g.load_tensors(step, rank)
-                msg = _approx_compare(expected_tensors[k], v, p, self.rtol, self.atol)
-                if msg:
-                    out.append(GoldenMismatch("values", p, msg))
-        return out
-
-    def _check_loss(self, step: int, rank: int, exp: LossRecord, act: LossRecord) -> GoldenMismatch | None:
-        p = _path(step, self.golden.loss_key, rank)
-        if self.tier == "exact":
-            if exp.dtype == act.dtype and exp.hex == act.hex:
-                return None
-            return GoldenMismatch(
-                "loss",
-                p,
-                f"{p}: loss {act.repr} ({act.hex}, {act.dtype}) vs golden {exp.repr} ({exp.hex}, {exp.dtype})",
-            )
-        assert self.rtol is not None and self.atol is not None
-        a, e = act.value, exp.value
-        if exp.dtype == act.dtype and abs(a - e) <= self.atol + self.rtol * abs(e):
-            return None
-        return GoldenMismatch(
-            "loss",
-            p,
-            f"{p}: loss {act.repr} vs golden {exp.repr}: |diff| {abs(a - e):.6g} > "
-            f"atol {self.atol:g} + rtol {self.rtol:g} * |golden|"
-            if exp.dtype == act.dtype
-            else f"{p}: loss dtype {act.dtype} vs golden {exp.dtype}",
-        )
-
-    def unused(self, *, steps: Iterable[int] | None = None) -> list[GoldenMismatch]:
-        """Golden (step, rank) entries that no :meth:`check` call covered.
-
-        Args:
-            steps: limit the report to these steps (for partial runs, so that
-                steps the run was not asked to produce are not reported).
-        """
-        wanted = set(steps) if steps is not None else None
-        out = []
-        for s, r in self.golden.entries():
-            if (s, r) in self.checked or (wanted is not None and s not in wanted):
-                continue
-            p = _path(s, None, r)
-            out.append(GoldenMismatch("unused", p, f"{p}: in the golden but not produced by this run"))
-        return out
-
-
-def _union(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    keys = dict.fromkeys(a)
-    for k in b:
-        keys.setdefault(k, None)
-    return list(keys)
-
-
-def check_against_golden(
-    golden: Golden,
-    step: int,
-    rank: int,
-    capture: Mapping[str, torch.Tensor],
-    *,
-    tier: str = "exact",
-    rtol: float | None = None,
-    atol: float | None = None,
-) -> list[GoldenMismatch]:
-    """Compare one capture with the golden (see :class:`GoldenChecker`); empty list = pass."""
-    return GoldenChecker(golden, tier=tier, rtol=rtol, atol=atol).check(step, rank, capture)
-
-
-# --------------------------------------------------------------------------------------------
-# Inventory, show, regen
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------
+# Finding a scenario's golden
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, order=True)
 class GoldenRef:
-    """Where one golden lives."""
-
     scenario: str
     platform_id: str
     path: Path
 
 
 def list_goldens(root: str | os.PathLike[str]) -> list[GoldenRef]:
-    """Every golden directory under ``root`` (sorted; hidden staging dirs skipped)."""
+    """Every golden directory under ``root``, sorted (a golden caught mid-swap included)."""
     root = Path(root)
-    out: list[GoldenRef] = []
-    if not root.is_dir():
-        return out
-    for sdir in sorted(root.iterdir()):
-        if not sdir.is_dir() or sdir.name.startswith(".") or not _NAME_RE.match(sdir.name):
+    out = []
+    for sdir in sorted(root.iterdir()) if root.is_dir() else []:
+        if not sdir.is_dir() or sdir.name.startswith("."):
             continue
         ids = {p.name for p in sdir.iterdir() if p.is_dir() and not p.name.startswith(".")}
-        for p in sdir.iterdir():  # a golden caught mid-swap lives under its backup name
-            m = _LEFTOVER_RE.match(p.name)
-            if m and m.group("kind") == "old":
-                ids.add(m.group("pid_id"))
-        for pid_id in sorted(ids):
-            gdir = _resolve_dir(sdir, pid_id)
-            if gdir is not None:
-                out.append(GoldenRef(sdir.name, pid_id, gdir))
+        ids |= {n for p in sdir.iterdir() if (n := atomic.backup_name(p))}
+        out += [GoldenRef(sdir.name, i, d) for i in sorted(ids) if (d := atomic.resolve(sdir / i, MANIFEST_NAME))]
     return out
 
 
-@dataclass
-class GoldenInventory:
-    """Goldens missing for the selected scenarios and goldens no known scenario uses."""
+def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
+         allow_other_platform: bool = False) -> tuple[Record, str]:
+    """The golden for ``scenario`` on ``platform`` and the tier to check it in.
 
-    platform_id: str
-    missing: list[str]
-    """Selected scenarios without a golden for this platform."""
-    other_platforms: dict[str, list[str]]
-    """For each missing scenario, the platforms that do have one."""
-    unused: list[GoldenRef]
-    """Goldens (any platform) whose scenario is not among the known scenarios."""
+    ``exact`` for this platform's golden; ``approx`` for another platform's, taken only with
+    ``allow_other_platform`` and only when this platform has none.
 
-    @property
-    def ok(self) -> bool:
-        return not self.missing and not self.unused
-
-    def messages(self) -> list[str]:
-        out = []
-        for s in self.missing:
-            others = self.other_platforms.get(s)
-            hint = f" (exists for {', '.join(others)})" if others else ""
-            out.append(f"{s}: no golden for platform {self.platform_id}{hint}")
-        out.extend(f"{r.scenario}/{r.platform_id}: unused golden (no such scenario) at {r.path}" for r in self.unused)
-        return out
-
-
-def golden_inventory(
-    root: str | os.PathLike[str],
-    platform_id: str,
-    *,
-    known_scenarios: Iterable[str],
-    selected: Iterable[str] | None = None,
-) -> GoldenInventory:
-    """Report missing and unused goldens across scenarios.
-
-    Args:
-        root: the goldens root.
-        platform_id: the current platform.
-        known_scenarios: every scenario that exists (the full list, even when
-            only some are run: "unused" is judged against it, so a partial run
-            does not flag the goldens of scenarios it skipped).
-        selected: the scenarios this run needs goldens for (default: all known).
+    Raises:
+        GoldenMissing: none for this platform (or for this configuration of an overridden scenario).
+        GoldenStale: the scenario's config changed since its golden was recorded.
+        GoldenFormatError / GoldenError: written in another format, or damaged.
     """
-    known = list(known_scenarios)
-    sel = list(selected) if selected is not None else known
-    refs = list_goldens(root)
-    have: dict[str, set[str]] = {}
-    for r in refs:
-        have.setdefault(r.scenario, set()).add(r.platform_id)
-    missing = [s for s in sel if platform_id not in have.get(s, set())]
-    return GoldenInventory(
-        platform_id=platform_id,
-        missing=missing,
-        other_platforms={s: sorted(have[s]) for s in missing if have.get(s)},
-        unused=[r for r in refs if r.scenario not in set(known)],
-    )
-
-
-def describe_golden(g: Golden) -> list[str]:
-    """Human-readable lines for ``parity golden show``."""
-    n_keys = len(g.record(*g.entries()[0])) if g.entries() else 0
-    lines = [
-        f"golden {g.scenario}/{g.platform_id} at {g.path}",
-        f"  format version {g.manifest.get('format_version')}, scenario fingerprint {g.scenario_fingerprint}",
-        "  platform: " + ", ".join(f"{k}={v}" for k, v in g.platform.items()),
-        f"  steps {g.steps[0]}..{g.steps[-1]} ({len(g.steps)}), ranks {g.ranks}, {n_keys} tensors per step and rank, "
-        + ("tensors stored" if g.store_tensors else "digests only"),
-    ]
-    info = g.manifest.get("info") or {}
-    if info:
-        lines.append("  info: " + ", ".join(f"{k}={v}" for k, v in info.items()))
-    losses = [(s, g.loss(s)) for s in g.steps]
-    shown = [(s, l) for s, l in losses if l is not None]
-    if shown:
-        if len(shown) > 6:
-            shown = shown[:3] + shown[-3:]
-        lines.append("  loss: " + ", ".join(f"step {s} {l.repr} ({l.hex})" for s, l in shown))
-    return lines
-
-
-def diff_goldens(old: Golden, new: Golden) -> list[str]:
-    """A review summary of what changed between two goldens of one scenario.
-
-    Compares digests per (step, rank, key); when both store tensors, also
-    aggregates the ULP histogram of the changed tensors.
-    """
-    lines: list[str] = []
-    if old.scenario_fingerprint != new.scenario_fingerprint:
-        lines.append(f"scenario fingerprint {old.scenario_fingerprint} -> {new.scenario_fingerprint}")
-    pd = fingerprint_diff(old.platform, new.platform)
-    if pd:
-        lines.append("platform: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in pd.items()))
-    changed = added = removed = same = 0
-    changed_steps: list[int] = []
-    hist = dict.fromkeys(ULP_BUCKETS, 0)
-    have_hist = False
-    for sr in sorted(set(old.entries()) | set(new.entries())):
-        o = old._keys.get(sr, {})
-        n = new._keys.get(sr, {})
-        step_changed = False
-        ot = nt = None
-        for k in _union(o, n):
-            if k not in n:
-                removed += 1
-                step_changed = True
-            elif k not in o:
-                added += 1
-                step_changed = True
-            elif o[k] != n[k]:
-                changed += 1
-                step_changed = True
-                if old.store_tensors and new.store_tensors and o[k].dtype == n[k].dtype and o[k].shape == n[k].shape:
-                    if ot is None:
-                        ot, nt = old.load_tensors(*sr), new.load_tensors(*sr)
-                    assert nt is not None
-                    d = compare_tensors(ot[k], nt[k], _path(sr[0], k, sr[1]))
-                    if d.ulp_hist:
-                        have_hist = True
-                        for b, c in d.ulp_hist.items():
-                            hist[b] += c
-            else:
-                same += 1
-        if step_changed and sr[0] not in changed_steps:
-            changed_steps.append(sr[0])
-    total_steps = len(set(old.steps) | set(new.steps))
-    if not changed_steps:
-        lines.append(f"no tensor changed ({same} digests identical)")
+    name, pid = base_name(scenario.name), platform_id(dict(platform))
+    have = [r for r in list_goldens(root) if r.scenario == name]
+    mine = [r for r in have if r.platform_id == pid]
+    if mine:
+        rec, tier = load(mine[0].path), "exact"
+        diff = fingerprint_diff(rec.platform, dict(platform))
+        if diff:
+            what = ", ".join(f"{k}: golden {a!r} vs here {b!r}" for k, (a, b) in diff.items())
+            raise GoldenError(f"golden {rec.path} was recorded on another platform ({what}); record one here")
+    elif allow_other_platform and have:
+        kind = platform.get("device_kind", "")
+        ref = min(have, key=lambda r: (not r.platform_id.startswith(kind), r.platform_id))
+        rec, tier = load(ref.path), "approx"
     else:
-        lines.append(
-            f"{len(changed_steps)} of {total_steps} steps changed (first: step {changed_steps[0]}); "
-            f"tensors changed {changed}, added {added}, removed {removed}, unchanged {same}"
-        )
-    if have_hist:
-        lines.append("ULP histogram over changed tensors: " + ", ".join(f"{k}: {v}" for k, v in hist.items()))
-    for s in sorted(set(old.steps) & set(new.steps)):
-        lo, ln = old.loss(s), new.loss(s)
-        if lo and ln and lo.hex != ln.hex:
-            rel = abs(ln.value - lo.value) / abs(lo.value) if lo.value else math.inf
-            lines.append(f"loss step {s}: {lo.repr} -> {ln.repr} (rel {rel:.3g})")
-            break  # the first changed loss; the rest follow from it
-    last = max(set(old.steps) & set(new.steps), default=None)
-    if last is not None:
-        lo, ln = old.loss(last), new.loss(last)
-        if lo and ln and lo.hex != ln.hex:
-            lines.append(f"loss at last step {last}: {lo.repr} -> {ln.repr}")
-    return lines
+        others = tuple(r.platform_id for r in have)
+        hint = f" (goldens exist for: {', '.join(others)})" if others else ""
+        raise GoldenMissing(f"no golden for {pid}: scenario {name!r} has none under {root}{hint}; record one with "
+                            f"`parity golden regen {name}`", platform_id=pid, others=others)
+    config = scenario_config(scenario)
+    if fingerprint(config) != rec.fingerprint:
+        keys = sorted(k for k in set(config) | set(rec.config) if config.get(k) != rec.config.get(k))
+        changed = ", ".join(f"{k}: golden {rec.config.get(k)!r} vs {config.get(k)!r}" for k in keys)
+        if scenario.name != name:
+            raise GoldenMissing(f"no golden for {pid} of this configuration of {name!r} (its golden has {changed})",
+                                platform_id=pid)
+        raise GoldenStale(f"golden {rec.path} is stale: scenario {name!r} changed since it was recorded ({changed}); "
+                          f"regenerate it with `parity golden regen {name}`")
+    return rec, tier
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing a run with its golden
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One tensor of one step and rank whose record differs from the golden's.
+
+    ``reason``: ``digest`` (same dtype and shape, other bits), ``dtype``, ``shape``, ``missing``
+    (only in the golden) or ``extra`` (only in the run)."""
+
+    step: int
+    phase: str
+    tensor: str
+    rank: int
+    reason: str
+
+    def where(self) -> str:
+        return f"step {self.step} / {self.phase} / {self.tensor} / rank {self.rank}"
 
 
 @dataclass
-class RegenResult:
-    """Outcome of :func:`regen_golden`. ``status`` is ``"pass"`` or ``"fail"``."""
+class Comparison:
+    """The result of :func:`compare`; ``status`` is ``pass`` or ``fail``."""
 
-    path: Path
+    tier: str
+    golden: Record
+    run: Record
+    steps: int
+    """Steps compared: the golden's first ``steps``."""
+    differences: list[Difference]
+    drift: list[tuple[int, str, TensorDiff]]
+    """(step, phase/tensor, diff) of the differing tensors at the stored steps both hold (rank 0)."""
+    drift_steps: list[int]
+    n_compared: dict[tuple[int, str], int]
+    """Tensor records compared per (step, phase), all ranks."""
+    drift_compared: dict[tuple[int, str], int]
+    """Rank 0 tensors compared element by element per (stored step, phase)."""
+    loss: list[tuple[int, int, str, str]]
+    """(step, rank, golden bits, run bits) of every differing loss."""
+    notes: list[str]
     status: str
-    created: bool
-    changed: bool
-    summary: list[str]
 
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.status == "pass" else 1
+    def first(self) -> Difference | None:
+        return self.differences[0] if self.differences else None
 
-    def message(self) -> str:
-        if not self.changed:
-            return f"{self.path}: golden unchanged"
-        verb = "created" if self.created else "regenerated"
-        tail = "" if self.status == "pass" else "; review it, then re-run with --accept (or check again) to pass"
-        return f"{self.path}: golden {verb}{tail}"
+    def first_drift(self) -> TensorDiff | None:
+        d = self.first()
+        if d is None or d.rank != 0:
+            return None
+        return next((t for s, k, t in self.drift if s == d.step and k == f"{d.phase}/{d.tensor}"), None)
+
+    def summary(self) -> str:
+        g = f"{self.golden.scenario}/{self.golden.platform_id}"
+        if self.tier == "approx":
+            verdict = ("loss within" if self.status == "pass" else "loss NOT within") + f" {APPROX_LOSS_RTOL:g} relative"
+            head = f"approximate tier against {g}: {verdict} over {self.steps} steps"
+        elif self.status == "pass":
+            head = f"bit-identical to {g} over {self.steps} steps"
+        else:
+            head = f"differs from {g}"
+        d = self.first()
+        if d is not None:
+            n_steps = len({x.step for x in self.differences})
+            head += (f"; first difference at {d.where()} ({d.reason}"
+                     + (f", {t.n_diff} of {t.numel} elements, max {t.max_ulp} ULP" if (t := self.first_drift()) else "")
+                     + f"); {len(self.differences)} tensor records differ over {n_steps} steps")
+        return head
+
+    def messages(self, limit: int = 20) -> list[str]:
+        out = [self.summary()] + [f"note: {n}" for n in self.notes]
+        for step, rank, g, r in self.loss[:3]:
+            out.append(f"step {step} / forward / loss / rank {rank}: {_f32(r)!r} ({r}) vs golden {_f32(g)!r} ({g}), "
+                       f"{int(ulp_distance(_t32(r), _t32(g))[0])} ULP")
+        out += [f"{d.where()}: {d.reason}" for d in self.differences[:5]]
+        out += drift_lines(self)
+        return out[:limit]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.first()
+        return {"status": self.status, "tier": self.tier, "golden": str(self.golden.path), "steps": self.steps,
+                "summary": self.summary(), "notes": self.notes, "n_differences": len(self.differences),
+                "first": dataclasses.asdict(d) if d else None,
+                "drift": [{"step": s, "tensor": k, "n_diff": t.n_diff, "numel": t.numel, "max_ulp": t.max_ulp,
+                           "ulp_hist": t.ulp_hist, "reason": t.reason} for s, k, t in self.drift[:200]]}
 
 
-def regen_golden(recorder: GoldenRecorder, root: str | os.PathLike[str], *, accept: bool = False) -> RegenResult:
-    """Write the recorder's golden over the current one, reporting "fail" unless accepted.
+def _t32(hexbits: str) -> torch.Tensor:
+    return torch.tensor([int(hexbits, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)
 
-    Following pytest-regressions: a regeneration that changes (or creates) a
-    golden still fails, so it is never silent; ``accept=True`` makes it pass.
-    If the new record is identical to the existing golden (same manifest),
-    nothing is written and the result passes.
-    """
-    parent = Path(root) / recorder.scenario
-    old: Golden | None = None
-    if _resolve_dir(parent, recorder.platform_id) is not None:
-        try:
-            old = load_golden(root, recorder.scenario, recorder.platform_id)
-        except GoldenError:
-            old = None  # a damaged golden is simply replaced
-    new = recorder.to_golden()
-    if old is not None:
-        new_manifest = recorder.manifest(old.manifest.get("files") if recorder.store_tensors else None)
-        if new_manifest == old.manifest:
-            return RegenResult(old.path, "pass", created=False, changed=False, summary=["no change"])
-    # Summarise before writing: the old golden's files are gone afterwards.
-    summary = diff_goldens(old, new) if old is not None else describe_golden(new)
-    path = recorder.write(root, overwrite=True)
-    return RegenResult(path, "pass" if accept else "fail", created=old is None, changed=True, summary=summary)
+
+def _f32(hexbits: str) -> float:
+    return float(_t32(hexbits)[0])
+
+
+def _order(key: str) -> tuple[int, str]:
+    phase, name = key.split("/", 1)
+    return _PHASE_IDX.get(phase, 99), name
+
+
+def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
+    """Compare a run's record with a golden over the steps both hold (see the module docstring)."""
+    steps = min(golden.steps, run.steps)
+    notes = []
+    if run.steps < golden.steps:
+        notes.append(f"checked the golden's first {run.steps} of {golden.steps} steps")
+    elif run.steps > golden.steps:
+        notes.append(f"steps {golden.steps}..{run.steps - 1} of this run are beyond the golden's {golden.steps}: "
+                     "not checked")
+    diffs, counts, losses = [], {}, []
+    for rank in sorted(set(golden.ranks) - set(run.ranks)):
+        notes.append(f"rank {rank} is in the golden, not in this run")
+    for step in range(steps):
+        for rank in sorted(set(golden.ranks) & set(run.ranks)):
+            g, r = golden.ranks[rank], run.ranks[rank]
+            for key in sorted(set(g.keys) | set(r.keys), key=_order):
+                gd = g.digests[key][step] if key in g.keys else None
+                rd = r.digests[key][step] if key in r.keys else None
+                if gd is None and rd is None:
+                    continue
+                phase, name = key.split("/", 1)
+                counts[(step, phase)] = counts.get((step, phase), 0) + 1
+                reason = ("extra" if gd is None else "missing" if rd is None
+                          else "dtype" if g.keys[key][0] != r.keys[key][0]
+                          else "shape" if g.keys[key][1] != r.keys[key][1]
+                          else "digest" if gd != rd else None)
+                if reason:
+                    diffs.append(Difference(step, phase, name, rank, reason))
+            if g.loss[step] and r.loss[step] and g.loss[step] != r.loss[step]:
+                losses.append((step, rank, g.loss[step], r.loss[step]))
+    diffs.sort(key=lambda d: (d.step, _PHASE_IDX.get(d.phase, 99), d.rank, d.tensor))
+    drift, drift_steps = [], sorted(set(golden.tensor_steps) & set(run.tensor_steps) & set(range(steps)))
+    drift_counts: dict[tuple[int, str], int] = {}
+    for step in drift_steps:
+        gt, rt = golden.tensors(step), run.tensors(step)
+        for key in sorted(set(gt) & set(rt), key=_order):
+            phase = key.split("/", 1)[0]
+            drift_counts[(step, phase)] = drift_counts.get((step, phase), 0) + 1
+            t = compare_tensors(gt[key], rt[key], f"step {step}/{key}/rank 0")
+            if not t.equal:
+                drift.append((step, key, t))
+    if tier == "exact":
+        ok = not diffs
+    else:
+        structural = [d for d in diffs if d.reason != "digest"]
+        ok = not structural and all(_loss_close(g, r) for _, _, g, r in losses)
+    return Comparison(tier, golden, run, steps, diffs, drift, drift_steps, counts, drift_counts, losses, notes,
+                      "pass" if ok else "fail")
+
+
+def _loss_close(g: str, r: str) -> bool:
+    a, b = _f32(g), _f32(r)
+    return abs(a - b) <= APPROX_LOSS_RTOL * abs(a)  # False for NaN
+
+
+def drift_lines(c: Comparison, limit: int = 12) -> list[str]:
+    """The drift at the stored steps as text: per step and phase, then the largest by max ULP."""
+    if not c.drift and c.tier == "exact":
+        return []
+    out = [f"drift vs the golden at stored steps {c.drift_steps} (rank 0):"]
+    for step in c.drift_steps:
+        for phase in STEP_PHASES:
+            rows = [t for s, k, t in c.drift if s == step and k.split("/", 1)[0] == phase]
+            n = c.drift_compared.get((step, phase), 0)
+            if n:
+                worst = max((t.max_ulp or 0 for t in rows), default=0)
+                out.append(f"  step {step} {phase:<12} {len(rows):>4} of {n:<4} tensors differ"
+                           + (f", max {worst} ULP" if rows else ""))
+    top = sorted(c.drift, key=lambda x: -(x[2].max_ulp or 0))[:limit]
+    out += [f"  step {s} {k}: {t.n_diff} of {t.numel} elements, max {t.max_ulp} ULP, hist "
+            + ", ".join(f"{b}: {n}" for b, n in (t.ulp_hist or {}).items() if n) for s, k, t in top]
+    return out
+
+
+def describe(rec: Record) -> list[str]:
+    """Lines for ``parity golden show``."""
+    n = max((len(r.keys) for r in rec.ranks.values()), default=0)
+    size = sum(f["bytes"] for f in rec.files.values())
+    lines = [f"{rec.scenario}/{rec.platform_id} at {rec.path}",
+             f"  {rec.steps} steps, ranks {sorted(rec.ranks)}, up to {n} tensors per step and rank; "
+             f"tensors of rank 0 stored at steps {rec.tensor_steps} ({size / 1e6:.1f} MB)",
+             "  config: " + (", ".join(f"{k}={v}" for k, v in rec.config.items()) or "(defaults)"),
+             "  platform: " + ", ".join(f"{k}={v}" for k, v in rec.platform.items())]
+    loss = rec.ranks[min(rec.ranks)].loss
+    shown = [(s, x) for s, x in enumerate(loss) if x][:2] + [(s, x) for s, x in enumerate(loss) if x][-1:]
+    lines.append("  loss (rank 0): " + ", ".join(f"step {s} {_f32(x):.6g} ({x})" for s, x in shown))
+    return lines

@@ -1,154 +1,201 @@
-"""Golden records for scenarios: record from a run, check a run, `parity golden check|regen|show`."""
+"""Goldens for scenarios, as the CLI, the pytest plugin and triage use them.
+
+* :func:`prepare`: before anything runs, find each scenario's golden (a damaged, stale or
+  old-format golden is an error now, not after a long run; a missing one is noted);
+* :func:`check`: after a run, compare its record with the golden, fill the report entry and keep
+  the run's record in ``OUT/golden/<scenario>/`` for ``parity triage RUN --against golden``;
+* :func:`golden_command`: ``parity golden check|regen|show``.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from parity.harness.errors import GoldenError
-from parity.harness.golden import (
-    GoldenRecorder,
-    KeyRecord,
-    describe_golden,
-    list_goldens,
-    load_golden,
-    regen_golden,
-)
-from parity.harness.platform import platform_fingerprint, platform_id
+from parity.harness import atomic, golden
+from parity.harness.errors import GoldenError, GoldenMissing
+from parity.harness.platform import platform_fingerprint
 
 
 def default_root() -> Path:
-    return Path(__file__).resolve().parents[2] / "goldens"
+    """``$PARITY_GOLDENS``, else the repository's ``goldens/``."""
+    env = os.environ.get("PARITY_GOLDENS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "goldens"
 
 
-def _platform(scenario):
+def platform_of(scenario) -> dict[str, str]:
     return platform_fingerprint(scenario.device, "nccl" if scenario.device == "cuda" else "gloo")
 
 
-def recorder_from_results(scenario, results) -> GoldenRecorder:
-    rec = GoldenRecorder(scenario.name, scenario.fingerprint(), _platform(scenario),
-                         info={"steps": str(scenario.steps), "world": str(scenario.world)})
-    for r in results:
-        for step, g in sorted(r["golden"].items()):
-            records = {k: KeyRecord(d, tuple(s), h) for k, (d, s, h) in g["records"].items()}
-            rec.add_digests(int(step), r["rank"], records, loss=g["loss"])
-    return rec
+def why_not_runnable(scenario) -> str | None:
+    """Why this machine cannot run the scenario (None if it can)."""
+    if scenario.device != "cuda":
+        return None
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have == 0:
+        return "needs CUDA"
+    if have < scenario.world:
+        return f"needs {scenario.world} GPUs ({have} visible)"
+    return None
 
 
-def check_results(scenario, results, root=None, allow_other_platform=False) -> tuple[str, list[str]]:
-    """('pass'|'fail'|'missing', messages). Digest-level: the first differing (step, phase, rank)."""
+def prepare(scenarios, root=None, *, allow_other_platform: bool = False) -> dict:
+    """``{scenario name: (golden, tier) or GoldenMissing}``; raises the first unusable golden's
+    error (damaged, stale, old format: exit 2) before anything runs."""
     root = Path(root) if root else default_root()
-    fp = _platform(scenario)
-    pid = platform_id(fp)
-    if allow_other_platform:
-        refs = [r for r in list_goldens(root) if r.scenario == scenario.name]
-        if not refs:
-            return "missing", [f"no golden for {scenario.name} under {root}"]
-        pid = pid if any(r.platform_id == pid for r in refs) else refs[0].platform_id
-    try:
-        g = load_golden(root, scenario.name, pid, platform=fp, scenario_fingerprint=scenario.fingerprint(),
-                        allow_other_platform=allow_other_platform)
-    except GoldenError as e:
-        if "no golden" in str(e).lower() or "missing" in str(e).lower() or "not found" in str(e).lower():
-            return "missing", [str(e)]
-        raise
-    msgs = []
-    got = {(int(s), r["rank"]): gg for r in results for s, gg in r["golden"].items()}
-    for key in sorted(set(got) | set(g.entries())):
-        step, rank = key
-        if key not in got:
-            msgs.append(f"step {step}/rank {rank}: in the golden, not in this run")
-            continue
-        if not g.has(step, rank):
-            msgs.append(f"step {step}/rank {rank}: not in the golden (unused by it)")
-            continue
-        want, have = g.record(step, rank), got[key]["records"]
-        gl, hl = g.loss(step, rank), got[key]["loss"]
-        if gl is not None and hl is not None and gl.hex != hl.hex:
-            msgs.append(f"step {step}/forward/loss/rank {rank}: loss {hl.repr} ({hl.hex}) != golden "
-                        f"{gl.repr} ({gl.hex})")
-        for k in sorted(set(want) | set(have)):
-            if k not in have or k not in want:
-                msgs.append(f"step {step}/{k}/rank {rank}: {'missing from this run' if k in want else 'not in golden'}")
-            elif want[k].sha256 != have[k][2]:
-                msgs.append(f"step {step}/{k}/rank {rank}: digest differs from golden")
-    return ("fail" if msgs else "pass"), msgs
+    found = {}
+    for s in scenarios:
+        if why_not_runnable(s):
+            continue  # its run reports why
+        try:
+            found[s.name] = golden.find(root, s, platform_of(s), allow_other_platform=allow_other_platform)
+        except GoldenMissing as e:
+            found[s.name] = e
+    return found
 
 
-def check_entry(entry, scenario, results, root=None, allow_other_platform=False) -> None:
-    status, msgs = check_results(scenario, results, root, allow_other_platform)
-    entry["golden"] = status
-    entry["golden_messages"] = msgs[:50]
-    if status == "missing":
-        entry["golden"] = "fail"
+def check(entry: dict, scenario, results: list[dict], found, *, require: bool = False,
+          out_dir: str | os.PathLike[str] | None = None) -> golden.Comparison | None:
+    """Check a finished run against its golden (``found``: its :func:`prepare` value) and put
+    the verdict in the report entry: ``golden`` is pass, fail or missing (fail under
+    ``require``), ``golden_detail`` the comparison, ``golden_messages`` what to print."""
+    run = golden.record_from_results(scenario, results, platform_of(scenario))
+    if isinstance(found, GoldenMissing):
+        entry["golden"] = "fail" if require else "missing"
+        entry["golden_detail"] = {"status": entry["golden"], "summary": str(found), "platform_id": found.platform_id}
+        entry["golden_messages"] = [str(found) + (" (a golden is required)" if require else "")]
+        comparison = None
+    else:
+        comparison = golden.compare(found[0], run, found[1])
+        entry["golden"] = comparison.status
+        entry["golden_detail"] = comparison.to_dict()
+        entry["golden_messages"] = comparison.messages()
+    if out_dir is not None:
+        if comparison is not None and comparison.status == "pass" and comparison.tier == "exact":
+            run.memory, run.tensor_steps = {}, []  # bit-identical: nothing to triage, keep the digests
+        golden.write(run, Path(out_dir) / "golden" / scenario.name, overwrite=True)
+    return comparison
 
 
 def golden_command(args, resolve) -> int:
+    """``parity golden check|regen|show [SCENARIO...]``: 0 all pass, 1 a golden differs (or a
+    regeneration changed one and was not accepted), 2 unusable golden or bad input, 3 a run failed."""
+    root = Path(args.goldens) if args.goldens else default_root()
+    if args.action == "show":
+        return _show(root, args.scenarios)
+    from parity.harness.scenario import load_all
+
+    scenarios = resolve(args.scenarios) if args.scenarios else load_all()
+    if args.device:
+        scenarios = [s for s in scenarios if s.device == args.device]
+    runnable = []
+    for s in scenarios:
+        why = why_not_runnable(s)
+        if why:
+            print(f"{s.name}: skipped ({why})")
+        else:
+            runnable.append(_prefix(s, args.steps) if args.action == "check" else s)
+    found = prepare(runnable, root, allow_other_platform=args.action == "check" and args.allow_other_platform) \
+        if args.action == "check" else {}
+    worst = 0
+    for s in runnable:
+        worst = max(worst, _check_one(s, found[s.name], args) if args.action == "check" else _regen_one(s, root, args))
+    if args.action == "check" and not args.scenarios:
+        for u in sorted({r.scenario for r in golden.list_goldens(root)} - {s.name for s in load_all()}):
+            print(f"{u}: unused golden (no such scenario); remove {root / u}")
+            worst = max(worst, 1)
+    if args.action == "regen" and worst == 1 and not args.accept:
+        print("goldens were written but not accepted: review the changes above, then rerun with --accept")
+    print(f"[parity] golden {args.action}: {len(runnable)} run, {len(scenarios) - len(runnable)} skipped, "
+          f"{'all pass' if worst == 0 else 'see above'}")
+    return worst
+
+
+def _prefix(s, steps):
+    if not steps or steps == s.steps:
+        return s
+    from parity.harness.scenario import make_scenario
+
+    return make_scenario({**s.to_dict(), "name": f"{s.name}[steps={steps}]", "steps": steps}, source=s.source)
+
+
+def _run(s, args):
+    """Run ``s`` for its records; (None, None, exit code) when there is nothing to record here
+    (a failed run, or a torchrun worker other than global rank 0, which alone holds every rank's
+    records and writes goldens)."""
     from parity.harness.driver import run_scenario
     from parity.harness.launch import is_report_writer
     from parity.harness.runner import RunOptions
 
-    root = Path(args.goldens) if args.goldens else default_root()
-    if args.action == "show":
-        refs = list_goldens(root)
-        if args.scenarios:
-            refs = [r for r in refs if r.scenario in args.scenarios]
-        if not refs:
-            print(f"no goldens under {root}")
-            return 0
-        for ref in refs:
-            g = load_golden(root, ref.scenario, ref.platform_id, allow_other_platform=True)
-            print(f"{ref.scenario} [{ref.platform_id}]")
-            for line in describe_golden(g):
-                print(f"  {line}")
-        return 0
-    scenarios = resolve(args.scenarios) if args.scenarios else _all()
-    if args.device:
-        scenarios = [s for s in scenarios if s.device == args.device]
-    worst = 0
-    known = {s.name for s in _all()}
-    for s in scenarios:
-        entry, results = run_scenario(s, RunOptions(golden_digests=True, progress=False, snapshot="none"))
-        if entry["status"] == "error":
-            print(f"{s.name}: ERROR {entry.get('error')}")
-            worst = max(worst, 3)
-            continue
-        if entry["status"] != "pass":
-            print(f"{s.name}: the run itself fails parity ({entry['first_divergence'] or 'check failed'}); "
-                  f"not recording it")
-            worst = max(worst, 1)
-            continue
-        if not is_report_writer():
-            continue  # under torchrun global rank 0 alone holds every rank's records and writes goldens
+    entry, results = run_scenario(s, RunOptions(golden_digests=True, progress=False, snapshot="none"))
+    if entry["status"] == "error":
+        print(f"{s.name}: ERROR {entry.get('error')}")
+        return None, None, 3
+    if entry["status"] != "pass":
+        print(f"{s.name}: the run itself fails parity ({entry.get('first_divergence') or 'a check failed'})")
+        return None, None, 1
+    if not is_report_writer():
+        return None, None, 0
+    return entry, results, 0
+
+
+def _check_one(s, found, args) -> int:
+    entry, results, code = _run(s, args)
+    if entry is None:
+        return code
+    c = check(entry, s, results, found, require=True, out_dir=args.out)
+    print(f"{s.name}: golden {entry['golden']}")
+    for line in entry["golden_messages"]:
+        print(f"  {line}")
+    if c is not None and (c.status != "pass" or c.tier == "approx"):  # the drift as markdown, CSV, plots
+        from parity.harness import triage
+
+        df = triage.golden_frame(s.name, c, entry, {"platform": c.run.platform, "run": str(args.out)}, str(c.golden.path))
+        print(f"  drift report: {triage.write_triage(df, Path(args.out) / 'triage' / s.name)['markdown']}")
+    return 0 if entry["golden"] == "pass" else 1
+
+
+def _regen_one(s, root: Path, args) -> int:
+    entry, results, code = _run(s, args)
+    if entry is None:
+        return code
+    new = golden.record_from_results(s, results, platform_of(s), info={"recorded_by": "parity golden regen"})
+    dest = golden.golden_dir(root, new)
+    old = None
+    where = atomic.resolve(dest, golden.MANIFEST_NAME)
+    if where is not None:
         try:
-            status, msgs = check_results(s, results, root)
+            old = golden.load(where)
         except GoldenError as e:
-            if args.action == "check":
-                raise
-            status, msgs = "fail", [str(e)]  # stale or damaged: regeneration replaces it
-        if args.action == "check":
-            print(f"{s.name}: golden {status}" + (f" ({len(msgs)} differences; first: {msgs[0]})" if msgs else ""))
-            worst = max(worst, 0 if status == "pass" else 1)
-            continue
-        if args.only_failing and status == "pass":
+            print(f"{s.name}: replacing an unusable golden ({e})")
+    if old is not None:
+        c = golden.compare(old, new)
+        same = c.status == "pass" and golden.manifest(new, old.files) == golden.manifest(old, old.files)
+        if same:
+            print(f"{s.name}: golden unchanged at {dest}")
+            return 0
+        if args.only_failing and c.status == "pass":
             print(f"{s.name}: golden pass, skipped (--only-failing)")
-            continue
-        res = regen_golden(recorder_from_results(s, results), root, accept=args.accept)
-        word = "created" if res.created else ("changed" if res.changed else "unchanged")
-        print(f"{s.name}: golden {word} at {res.path} ({res.status})")
-        for line in res.summary[:10]:
+            return 0
+    golden.write(new, dest, overwrite=True)
+    word = "created" if old is None else "changed"
+    print(f"{s.name}: golden {word} at {dest}" + ("" if args.accept else " (not accepted)"))
+    if old is not None:
+        for line in c.messages(8):
             print(f"  {line}")
-        worst = max(worst, 0 if res.status == "pass" else 1)
-    if args.action == "check" and not args.scenarios:
-        unused = sorted({r.scenario for r in list_goldens(root)} - known)
-        for u in unused:
-            print(f"{u}: golden unused (no such scenario)")
-        if unused:
-            worst = max(worst, 1)
-    if args.action == "regen" and worst == 1 and not args.accept:
-        print("goldens were written but not accepted: review the changes, then rerun with --accept")
-    return worst
+    return 0 if args.accept else 1
 
 
-def _all():
-    from parity.harness.scenario import load_all
-    return load_all()
+def _show(root: Path, names) -> int:
+    refs = [r for r in golden.list_goldens(root) if not names or r.scenario in names]
+    if not refs:
+        print(f"no goldens under {root}")
+    for ref in refs:
+        try:
+            for line in golden.describe(golden.load(ref.path, verify_files=False)):
+                print(line)
+        except GoldenError as e:
+            print(f"{ref.scenario}/{ref.platform_id}: unusable: {e}")
+    return 0

@@ -1,39 +1,35 @@
 """Platform fingerprints: what must match for an exact (bitwise) golden to apply.
 
-Bits of a training step depend on which kernels ran and how reductions were
-ordered. That is decided by:
+Bits of a training step depend on which kernels ran and how reductions were ordered:
 
-* the device kind and model: a different GPU SKU (or CPU model: oneDNN/MKL
-  pick kernels per ISA) runs different kernels;
-* the torch version (its kernels, and the cuBLAS/cuDNN/NCCL it bundles), the
-  CUDA version it was built for and the TransformerEngine version; the last
-  two only on CUDA, and the torch version without its local build tag
-  (``2.13.0+cpu`` and ``2.13.0+cu130`` run the same CPU kernels);
-* the process-group backend (gloo and nccl order their reductions differently).
+* CUDA: the GPU model, the torch version (its kernels and the cuBLAS/NCCL it bundles), the CUDA
+  version it was built for and the TransformerEngine version, and the process-group backend.
+* CPU: NOT the CPU model. The ranks pin the CPU kernels (``parity.distributed.determinism.CPU_PINS``:
+  ATen's kernels at AVX2, MKL on its strict reproducible COMPATIBLE branch) and the model runs no
+  oneDNN GEMM, so what still decides the bits is the ATen kernel set in effect (``cpu_isa``:
+  avx2 on any x86-64 CPU that has it), the MKL mode (``mkl_cbwr``), the machine architecture,
+  the torch version and the backend. Measured: docs/measurements/2026-12-01-cpu-platform-independence.md.
 
-Those fields form :data:`EXACT_MATCH_KEYS`: an exact golden applies only where
-all of them are equal. Everything else in the fingerprint (Python version, OS,
-machine architecture, NCCL and cuDNN versions, driver) is informative: stored
-with the golden and shown on a mismatch, but not compared. The TE version only
-matters on CUDA (TE has no CPU kernels), so it is not compared for CPU
-platforms.
+Those fields (:func:`match_keys`) must all be equal for an exact golden to apply; the torch
+version is compared without its local build tag (``2.13.0+cpu`` and ``2.13.0+cu130`` run the same
+CPU kernels). Everything else in the fingerprint (CPU or GPU name on CPU, Python, OS, NCCL and
+cuDNN versions) is informative: stored with the golden and shown on a mismatch, not compared.
 
-:func:`platform_id` turns the compared fields into a short filesystem-safe
-slug used as a golden directory name, e.g.
-``cpu-intel-xeon-platinum-8481c-torch2.13.0`` or
-``cuda-nvidia-h200-torch2.11.0-cu13.0-te2.3.0``. The slug is a name, not the
-check: loading a golden compares the full fingerprints.
+:func:`platform_id` turns the compared fields into a short filesystem-safe slug used as a golden
+directory name, e.g. ``cpu-avx2-torch2.13.0`` or ``cuda-nvidia-h200-torch2.11.0-cu13.0-te2.3.0``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform as _stdlib_platform
 import re
 import sys
 
 import torch
 
+from parity.distributed.determinism import CPU_PINS, cpu_isa
 from parity.harness.errors import UsageError
 
 __all__ = [
@@ -47,7 +43,10 @@ __all__ = [
 
 DEFAULT_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
 
-EXACT_MATCH_KEYS: tuple[str, ...] = ("device_kind", "device_name", "torch", "cuda", "te", "backend")
+EXACT_MATCH_KEYS: dict[str, tuple[str, ...]] = {
+    "cpu": ("device_kind", "cpu_isa", "mkl_cbwr", "machine", "torch", "backend"),
+    "cuda": ("device_kind", "device_name", "torch", "cuda", "te", "backend"),
+}
 
 
 def _cpu_model() -> str:
@@ -79,9 +78,9 @@ def platform_fingerprint(device: str = "cpu", backend: str | None = None) -> dic
             nccl on CUDA.
 
     Returns:
-        ``{str: str}``: ``device_kind``, ``device_name``, ``torch``, ``cuda``,
-        ``te``, ``backend`` (the compared fields) and ``python``, ``machine``,
-        ``os``, ``nccl``, ``cudnn`` (informative).
+        ``{str: str}``: ``device_kind``, ``device_name``, ``torch``, ``cuda``, ``te``,
+        ``backend``, ``cpu_isa``, ``mkl_cbwr``, ``machine``, ``python``, ``os``, ``nccl``,
+        ``cudnn`` (see :func:`match_keys` for the compared ones).
     """
     dev = torch.device(device)
     kind = dev.type
@@ -108,6 +107,8 @@ def platform_fingerprint(device: str = "cpu", backend: str | None = None) -> dic
         "cuda": torch.version.cuda or "none",
         "te": _dist_version("transformer_engine", "transformer-engine", "transformer_engine_torch"),
         "backend": backend,
+        "cpu_isa": cpu_isa(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", CPU_PINS["MKL_CBWR"]),
         "python": _stdlib_platform.python_version(),
         "machine": _stdlib_platform.machine(),
         "os": sys.platform,
@@ -117,14 +118,8 @@ def platform_fingerprint(device: str = "cpu", backend: str | None = None) -> dic
 
 
 def match_keys(fp: dict[str, str]) -> tuple[str, ...]:
-    """The fingerprint keys that must be equal for an exact golden.
-
-    CUDA and TE versions are compared only on CUDA platforms: CPU kernels do
-    not depend on them.
-    """
-    if fp.get("device_kind") == "cpu":
-        return tuple(k for k in EXACT_MATCH_KEYS if k not in ("cuda", "te"))
-    return EXACT_MATCH_KEYS
+    """The fingerprint keys that must be equal for an exact golden (per device kind)."""
+    return EXACT_MATCH_KEYS.get(fp.get("device_kind", ""), EXACT_MATCH_KEYS["cuda"])
 
 
 def _compared(key: str, value: str) -> str:
@@ -157,18 +152,25 @@ def _slug(text: str, limit: int = 40, *, model: bool = False) -> str:
 def platform_id(fp: dict[str, str]) -> str:
     """A short filesystem-safe slug of the compared fields of a fingerprint.
 
-    ``{kind}-{device model}-torch{X.Y.Z}[-cu{C}][-te{T}][-{backend}]``; the
-    CUDA and TE parts appear on CUDA platforms only (TE when installed), the
-    backend only when it is not the default for the device.
+    CPU: ``cpu-{isa}-torch{X.Y.Z}``, plus ``-mkl-{mode}`` when MKL_CBWR is not the pin and the
+    architecture when it is not x86_64. CUDA: ``cuda-{GPU}-torch{X.Y.Z}[-cu{C}][-te{T}]``. Either
+    ends with the backend when it is not the device's default.
     """
     kind = fp.get("device_kind", "unknown")
-    parts = [_slug(kind, 8), _slug(fp.get("device_name", "unknown"), model=True)]
     torch_public = fp.get("torch", "unknown").split("+", 1)[0]
-    parts.append("torch" + _slug(torch_public, 16))
-    if kind == "cuda" and fp.get("cuda", "none") != "none":
-        parts.append("cu" + _slug(fp["cuda"], 8))
-    if kind == "cuda" and fp.get("te", "none") != "none":
-        parts.append("te" + _slug(fp["te"].split("+", 1)[0], 16))
+    if kind == "cpu":
+        parts = ["cpu", _slug(fp.get("cpu_isa", "unknown"), 16), "torch" + _slug(torch_public, 16)]
+        if fp.get("mkl_cbwr", CPU_PINS["MKL_CBWR"]) != CPU_PINS["MKL_CBWR"]:
+            parts.append("mkl-" + _slug(fp["mkl_cbwr"], 24))
+        if fp.get("machine", "x86_64") != "x86_64":
+            parts.append(_slug(fp["machine"], 16))
+    else:
+        parts = [_slug(kind, 8), _slug(fp.get("device_name", "unknown"), model=True),
+                 "torch" + _slug(torch_public, 16)]
+        if fp.get("cuda", "none") != "none":
+            parts.append("cu" + _slug(fp["cuda"], 8))
+        if fp.get("te", "none") != "none":
+            parts.append("te" + _slug(fp["te"].split("+", 1)[0], 16))
     backend = fp.get("backend")
     if backend and backend != DEFAULT_BACKEND.get(kind):
         parts.append(_slug(backend, 8))

@@ -4,8 +4,9 @@
     pytest --parity scenarios/matrix.toml --parity-regen   # regenerate (and accept) goldens
 
 Each item runs its scenario's lockstep pair (ON == OFF bit for bit) and then checks its golden
-(a missing golden fails unless --parity-regen). Items are independent, so pytest-xdist can spread
-them; a regenerated golden is written atomically per scenario.
+for this platform (a missing golden fails; --parity-regen records it instead). A scenario this
+machine cannot run (CUDA, too few GPUs) is skipped with the reason. Items are independent, so
+pytest-xdist can spread them; a regenerated golden is written atomically per scenario.
 """
 
 from __future__ import annotations
@@ -47,26 +48,28 @@ class ScenarioItem(pytest.Item):
         self.add_marker(pytest.mark.slow)
 
     def runtest(self):
-        import torch
-
-        from parity.harness.golden import regen_golden
-        from parity.harness.goldens_cli import check_results, recorder_from_results
+        from parity.harness import goldens_cli
         from parity.harness.driver import run_scenario
         from parity.harness.runner import RunOptions
 
         s = self.scenario
-        if s.device == "cuda" and torch.cuda.device_count() < s.world:
-            pytest.skip(f"needs {s.world} CUDA device(s)")
+        why = goldens_cli.why_not_runnable(s)
+        if why:
+            pytest.skip(why)
+        root = self.config.getoption("--parity-goldens") or goldens_cli.default_root()
+        regen = self.config.getoption("--parity-regen")
+        found = None if regen else goldens_cli.prepare([s], root)[s.name]  # an unusable golden fails now
         entry, results = run_scenario(s, RunOptions(progress=False, snapshot="none", golden_digests=True))
         if entry["status"] != "pass":
             raise ScenarioFailure(entry)
-        root = self.config.getoption("--parity-goldens")
-        if self.config.getoption("--parity-regen"):
-            regen_golden(recorder_from_results(s, results), root or _default_root(), accept=True)
+        if regen:
+            from parity.harness import golden
+            rec = golden.record_from_results(s, results, goldens_cli.platform_of(s))
+            golden.write(rec, golden.golden_dir(root, rec), overwrite=True)
             return
-        status, msgs = check_results(s, results, root)
-        if status != "pass":
-            raise ScenarioFailure({**entry, "golden": status, "golden_messages": msgs})
+        goldens_cli.check(entry, s, results, found, require=True)
+        if entry["golden"] != "pass":
+            raise ScenarioFailure(entry)
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, ScenarioFailure):
@@ -90,7 +93,3 @@ class ScenarioFailure(Exception):
         super().__init__(entry.get("name"))
         self.entry = entry
 
-
-def _default_root():
-    from parity.harness.goldens_cli import default_root
-    return default_root()

@@ -224,8 +224,11 @@ def summary_md(entries) -> str:
             fds = e["failed_checks"][0]["message"]
         elif not fd and e.get("missing_phases"):
             fds = f"phases never compared: {', '.join(e['missing_phases'])}"
+        golden = e.get("golden", "off")
+        if golden not in ("off", "pass") and e.get("golden_detail"):
+            golden += f": {e['golden_detail']['summary']}"
         lines.append(f"| {e['name']} | {e['status']} | {e['steps']} | {e['compared']} | "
-                     f"{e.get('golden', 'off')} | {fds} |")
+                     f"{golden} | {fds} |")
     return "\n".join(lines) + "\n"
 
 

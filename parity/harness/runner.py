@@ -13,7 +13,6 @@ snapshot) once both stacks have reported all its phases.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import time
@@ -24,6 +23,7 @@ import torch.distributed as dist
 
 from parity.distributed.collectives import all_gather_object
 from parity.distributed.groups import build_groups
+from parity.harness import golden
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
 from parity.harness.resume import record_digests, record_rng, resume_pair, save_pair
@@ -137,21 +137,6 @@ class _StepState:
     """phase -> test tensors copied for the snapshot."""
     param_hashes: dict = field(default_factory=dict)
     """sha256 of the test stack's param_sync tensors, taken when that phase completed."""
-
-
-def _golden_records(out: dict, step: int, phase: str, live: dict, last: bool) -> None:
-    """Golden records of the test stack: per phase one digest over all its tensors every step
-    (the manifest stays small), per tensor at the last step; plus the loss as exact bits."""
-    recs = out.setdefault(step, {"records": {}, "loss": None})
-    shas = {k: tensor_sha256(v.detach()) for k, v in sorted(live.items())}
-    combined = hashlib.sha256("".join(f"{k}={h};" for k, h in shas.items()).encode()).hexdigest()
-    recs["records"][f"{phase}/*"] = ("digest", (len(shas),), combined)
-    if last:
-        for k, v in live.items():
-            recs["records"][f"{phase}/{k}"] = (str(v.dtype).replace("torch.", ""), tuple(v.shape), shas[k])
-    if phase == "forward":
-        from parity.harness.golden import LossRecord
-        recs["loss"] = LossRecord.from_tensor(live["loss"].reshape(()))
 
 
 def loss_bits(loss: torch.Tensor) -> str:
@@ -369,7 +354,7 @@ class LockstepRunner:
             self._record_golden(step, phase, cur)
 
     def _record_golden(self, step, phase, tensors) -> None:
-        _golden_records(self.result.golden, step, phase, tensors, last=step == self.scenario.steps - 1)
+        golden.capture_phase(self.result.golden, self.scenario, self.rank, step, phase, tensors)
 
     def _record(self, step, phase, diff) -> None:
         res = self.result

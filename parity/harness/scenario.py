@@ -93,6 +93,9 @@ class Scenario:
     resume_world: int | None = None
     """With resume_at: resume at this world (DP) size instead (a resharded load; its bits are not
     compared with the uninterrupted run, the loaded state is compared with the saved one)."""
+    golden_tensor_steps: list = field(default_factory=lambda: [0, -1])
+    """Steps whose full tensors (rank 0) the golden stores besides every step's digests, as Python
+    indices (-1: the last step); [] for digests only. Not part of the golden's identity."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
@@ -152,7 +155,8 @@ TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "over
          "lr_decay_style": str, "lr_warmup_steps": int, "lr_decay_steps": (int, type(None)),
          "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int,
          "stress": (list, tuple),
-         "resume_at": (int, type(None)), "resume_world": (int, type(None))}
+         "resume_at": (int, type(None)), "resume_world": (int, type(None)),
+         "golden_tensor_steps": list}
 
 
 def _err(src, key, msg):
@@ -217,6 +221,8 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
         raise _err(src, "ep", f"ep={s.ep} > 1 needs moe = true")
     if not s.lr > 0:
         raise _err(src, "lr", f"must be > 0, got {s.lr}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in s.golden_tensor_steps):
+        raise _err(src, "golden_tensor_steps", f"must be a list of step indices, got {s.golden_tensor_steps!r}")
     if s.bucket_size is not None and s.bucket_size < 1:
         raise _err(src, "bucket_size", "must be a positive integer or 'none'")
     fp8_on = s.pair == "fp8_param_gather" or s.fp8_param_gather
@@ -302,8 +308,10 @@ def load_file(path) -> list[Scenario]:
 def _expand(matrix: dict, src) -> list[dict]:
     if "name" not in matrix or not isinstance(matrix["name"], str):
         raise _err(src, "matrix.name", "a matrix needs a name template such as '{recipe}-ep{ep}'")
-    def is_axis(k, v):  # `stress` is itself a list: an axis only as a list of lists
-        return isinstance(v, list) and k != "exclude" and (k != "stress" or bool(v) and all(isinstance(x, list) for x in v))
+    def is_axis(k, v):  # lists are axes, except keys whose value is itself a list
+        if k in ("exclude", "golden_tensor_steps") or not isinstance(v, list):
+            return False
+        return k != "stress" or bool(v) and all(isinstance(x, list) for x in v)
 
     axes = {k: v for k, v in matrix.items() if is_axis(k, v)}
     fixed = {k: v for k, v in matrix.items() if not is_axis(k, v) and k not in ("name", "exclude")}

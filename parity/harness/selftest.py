@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from parity.harness.faults import CATALOGUE, Injection
 from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
-from parity.harness.scenario import make_scenario
 
 QUICK_SET = "quick"
 """Every case runs on a scenario of this shipped set (scenarios/quick.toml), named quick-<key>:

@@ -20,9 +20,9 @@ Three sources of divergences, one table schema (see :data:`COLUMNS`):
 * two runs (:func:`compare_runs`, ``--against OTHER_RUN``): side A of RUN vs side A of
   OTHER_RUN (the reference), from both runs' ``--snapshot all`` snapshots, step by step,
   tensor by tensor (e.g. two commits, or two platforms);
-* a golden record (:func:`compare_golden`, ``--against golden``): side A of RUN vs the
-  golden of its scenario: per-phase digests every step, per-tensor digests at the last step,
-  loss bits every step (element statistics only where the golden stores tensors).
+* a golden record (:func:`compare_golden`, ``--against golden``): the tested side of RUN (its
+  record, kept by ``parity run``) vs the golden of its scenario: per-tensor digests every step,
+  element statistics at the golden's stored steps, the loss's ULP distance every step.
 
 Programmatic use::
 
@@ -59,12 +59,10 @@ from parity.harness.compare import (
     is_ulp_dtype,
     ulp_distance,
 )
-from parity.harness.errors import GoldenError, ParityError, SnapshotError, UsageError
+from parity.harness.errors import ParityError, SnapshotError, UsageError
 from parity.harness.snapshot import (
     read_snapshot,
-    read_snapshot_metadata,
     snapshot_filename,
-    tensor_sha256,
 )
 from parity.vocab import STEP_PHASES
 
@@ -646,140 +644,85 @@ def compare_runs(run_dir: str | os.PathLike[str], other_dir: str | os.PathLike[s
 # --------------------------------------------------------------------------------------------
 
 
-def _phase_digest(live: Mapping[str, torch.Tensor]) -> str:
-    """The per-phase digest golden records hold (``<phase>/*``): sha256 over ``name=sha256;``
-    of every tensor of the phase, names sorted."""
-    import hashlib
-
-    shas = {k: tensor_sha256(v) for k, v in sorted(live.items())}
-    return hashlib.sha256("".join(f"{k}={h};" for k, h in shas.items()).encode()).hexdigest()
-
-
-def _golden_root(root: str | os.PathLike[str] | None) -> Path:
-    if root:
-        return Path(root)
-    if os.environ.get("PARITY_GOLDENS"):
-        return Path(os.environ["PARITY_GOLDENS"])
-    return Path(__file__).resolve().parents[2] / "goldens"
-
-
-def _loss_ulp(hex_a: str, hex_b: str) -> int | None:
-    try:
-        a = torch.tensor([int(hex_a, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)
-        b = torch.tensor([int(hex_b, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)
-        return int(ulp_distance(a, b)[0])
-    except (ValueError, ParityError, RuntimeError):
-        return None
-
-
 def compare_golden(run_dir: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
                    allow_other_platform: bool = False) -> pd.DataFrame:
-    """Side A of ``run_dir`` vs the golden record of each of its scenarios.
+    """The tested side of ``run_dir`` vs the golden of each of its scenarios.
 
-    Uses the run's ``--snapshot all`` snapshots: the per-phase digest of every step (a row with
-    tensor ``*`` and reason ``digest`` where it differs), the loss bits of every step (with the
-    ULP distance), and per tensor where the golden has per-tensor records (the last step);
-    element statistics where the golden stores tensors.
-
-    Args:
-        root: the goldens root (default: ``$PARITY_GOLDENS`` or the repository's ``goldens/``).
-        allow_other_platform: accept a golden recorded on another platform.
+    Reads the run's record (``RUN/golden/<scenario>/``, written by ``parity run`` with golden
+    checking on) and compares it through :func:`parity.harness.golden.compare`: one row per
+    tensor record whose digest differs (every step, every rank), with element statistics (ULP
+    histogram, exact medians) where both hold the tensors (rank 0 at the stored steps) and the
+    loss's ULP distance at every step.
 
     Raises:
-        GoldenError: no golden for the scenario (or stale, or from another platform) (exit 2).
-        UsageError: the run has no ``all`` snapshots, or ran a scenario with overrides.
+        GoldenError: no usable golden for a scenario (exit 2).
+        UsageError: the run holds no record for a scenario.
     """
-    from parity.harness.golden import load_golden
-    from parity.harness.platform import platform_id
+    from parity.harness import golden
+    from parity.harness.goldens_cli import default_root
+    from parity.harness.scenario import make_scenario
 
     run = _run_dir(run_dir)
     rep = _read_report(run)
-    mode = _snapshot_mode(rep)
-    groot = _golden_root(root)
-    platform = {str(k): str(v) for k, v in (rep.get("platform") or {}).items()}
-    if not platform:
-        raise UsageError(f"{run}/report.json has no platform fingerprint; cannot pick a golden")
-    pid = platform_id(platform)
+    groot = Path(root) if root else default_root()
     rows: list[dict[str, Any]] = []
     metas: dict[str, dict[str, Any]] = {}
     for e in rep["scenarios"]:
         name = e["name"]
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-            raise GoldenError(f"scenario {name!r} ran with command-line overrides; goldens are recorded for "
-                              "named scenarios only: run the scenario unmodified to compare with its golden")
-        files = _all_snapshots(run, e, mode)
-        fp = read_snapshot_metadata(next(iter(files.values()))).get("fingerprint")
-        g = load_golden(groot, name, pid, platform=platform, scenario_fingerprint=fp,
-                        allow_other_platform=allow_other_platform)
-        meta = _scenario_meta(e, rep, mode)
-        meta.update(n_compared={}, numel_compared=None, failed_checks=[], n_failed_checks=0, status="compared",
-                    compared=0, compared_by_phase={})
-        common = sorted(set(files) & set(g.entries()))
-        if not common:
-            raise GoldenError(f"golden {g.path} and run {run} share no (step, rank)")
-        unused = sorted(set(g.entries()) - set(files))
-        if unused:
-            meta["notes"].append(f"{len(unused)} golden (step, rank) records not in this run (it has "
-                                 f"{e.get('steps')} steps, the golden {len(g.steps)})")
-        extra = sorted({s for s, _ in set(files) - set(g.entries())})
-        if extra:
-            meta["notes"].append(f"steps {extra[0]}..{extra[-1]} of this run ({len(extra)}) are not in the golden; "
-                                 "compared the steps both have")
-        meta["steps"] = len({s for s, _ in common})
-
-        def count(step, phase):
-            meta["n_compared"][(step, phase)] = meta["n_compared"].get((step, phase), 0) + 1
-            meta["compared"] += 1
-            meta["compared_by_phase"][phase] = meta["compared_by_phase"].get(phase, 0) + 1
-
-        for step, rank in common:
-            a = _read_side(files[(step, rank)])
-            want = g.record(step, rank)
-            gold_t = g.load_tensors(step, rank) if g.store_tensors else None
-            by_phase: dict[str, dict[str, torch.Tensor]] = {}
-            for k, v in a.items():
-                by_phase.setdefault(k.split("/", 1)[0], {})[k.split("/", 1)[1]] = v
-            for k, rec in sorted(want.items(), key=lambda kv: (_PHASE_IDX.get(kv[0].split("/", 1)[0], 99), kv[0])):
-                phase, tname = k.split("/", 1)
-                count(step, phase)
-                if tname == "*":
-                    live = by_phase.get(phase)
-                    if live is None:
-                        rows.append(_row(name, step, phase, rank, "*", reason="missing", source="golden"))
-                    elif _phase_digest(live) != rec.sha256:
-                        rows.append(_row(name, step, phase, rank, "*", reason="digest", source="golden"))
-                    continue
-                if k not in a:
-                    rows.append(_row(name, step, phase, rank, tname, reason="missing", source="golden"))
-                    continue
-                t = a[k]
-                if gold_t is not None and k in gold_t:
-                    diff = compare_tensors(gold_t[k], t, f"step {step}/{k}/rank {rank}")
-                    if not diff.equal:
-                        rows.append(_row_from_diff(name, step, phase, rank, tname, diff, gold_t[k], t, "golden"))
-                elif (str(t.dtype).replace("torch.", "") != rec.dtype or tuple(t.shape) != tuple(rec.shape)
-                      or tensor_sha256(t) != rec.sha256):
-                    rows.append(_row(name, step, phase, rank, tname, reason="digest",
-                                     dtype=str(t.dtype).replace("torch.", ""), numel=t.numel(), source="golden"))
-            gl = g.loss(step, rank)
-            if gl is not None and "forward/loss" in a:
-                count(step, "forward")
-                from parity.harness.golden import LossRecord
-                hl = LossRecord.from_tensor(a["forward/loss"].reshape(()))
-                if hl is not None and hl.hex != gl.hex:
-                    u = _loss_ulp(gl.hex, hl.hex)
-                    if not any(r["scenario"] == name and r["step"] == step and r["tensor"] == "loss"
-                               and r["rank"] == rank for r in rows):
-                        rows.append(_row(name, step, "forward", rank, "loss", reason="values", dtype=hl.dtype,
-                                         n_diff=1, numel=1, max_ulp=u,
-                                         ulps=np.array([u], dtype=np.int64) if u is not None else None,
-                                         source="golden"))
-        meta["has_grad_local"] = bool(meta["compared_by_phase"].get("grad_local"))
-        meta["n_divergences"] = sum(1 for r in rows if r["scenario"] == name)
-        meta["golden"] = str(g.path)
-        metas[name] = meta
+        rdir = run / "golden" / name
+        if not (rdir / golden.MANIFEST_NAME).is_file():
+            raise UsageError(f"{run}: scenario {name} has no golden record in {rdir} (it ran with `--golden off`, "
+                             "or failed): run it with golden checking on, then triage")
+        rec = golden.load(rdir)
+        scenario = make_scenario({k: v for k, v in (e.get("scenario") or {}).items()}, source=str(run))
+        g, tier = golden.find(groot, scenario, rec.platform, allow_other_platform=allow_other_platform)
+        more, metas[name] = golden_rows(name, golden.compare(g, rec, tier), e, rep)
+        rows += more
     return _frame(rows, {"mode": "golden", "run": str(run), "against": str(groot), "scenarios": metas,
                          "platform": rep.get("platform")})
+
+
+def golden_rows(name: str, c, entry: Mapping[str, Any], rep: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict]:
+    """Triage rows and scenario meta of a golden comparison (:func:`parity.harness.golden.compare`):
+    element statistics where both records hold the tensors, the loss's ULP distance everywhere."""
+    g, rec = c.golden, c.run
+    drift = {(s, k): t for s, k, t in c.drift}
+    rows = []
+    for d in c.differences:
+        key = f"{d.phase}/{d.tensor}"
+        t = drift.get((d.step, key)) if d.rank == 0 else None
+        if t is not None:
+            rows.append(_row_from_diff(name, d.step, d.phase, 0, d.tensor, t, g.tensors(d.step)[key],
+                                       rec.tensors(d.step)[key], "golden"))
+            continue
+        gl, rl = g.ranks[d.rank].loss[d.step], rec.ranks[d.rank].loss[d.step]
+        if key == "forward/loss" and d.reason == "digest" and gl and rl:
+            u = int(ulp_distance(_bits32(gl), _bits32(rl))[0])
+            rows.append(_row(name, d.step, d.phase, d.rank, d.tensor, dtype="float32", n_diff=1, numel=1,
+                             max_ulp=u, ulps=np.array([u], dtype=np.int64), source="golden"))
+            continue
+        rows.append(_row(name, d.step, d.phase, d.rank, d.tensor, reason=d.reason, source="golden",
+                         dtype=(rec.ranks[d.rank].keys.get(key) or g.ranks[d.rank].keys.get(key) or (None,))[0]))
+    meta = _scenario_meta(entry, rep, "golden")
+    by_phase: dict[str, int] = {}
+    for (_, phase), n in c.n_compared.items():
+        by_phase[phase] = by_phase.get(phase, 0) + n
+    meta.update(n_compared=dict(c.n_compared), numel_compared=None, failed_checks=[], n_failed_checks=0,
+                status=f"golden {c.status} ({c.tier} tier)", compared=sum(by_phase.values()),
+                compared_by_phase=by_phase, steps=c.steps, notes=[c.summary()] + c.notes, golden=str(g.path),
+                has_grad_local=bool(by_phase.get("grad_local")), n_divergences=len(rows))
+    return rows, meta
+
+
+def golden_frame(name: str, c, entry: Mapping[str, Any], rep: Mapping[str, Any], against: str) -> pd.DataFrame:
+    """The divergence table of one golden comparison, ready for :func:`write_triage`."""
+    rows, meta = golden_rows(name, c, entry, rep)
+    return _frame(rows, {"mode": "golden", "run": str(rep.get("run", "")), "against": against,
+                         "scenarios": {name: meta}, "platform": rep.get("platform")})
+
+
+def _bits32(hexbits: str) -> torch.Tensor:
+    return torch.tensor([int(hexbits, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1283,7 +1226,8 @@ def triage_command(args) -> int:
     run = _run_dir(args.run)
     against = getattr(args, "against", None)
     if against == "golden":
-        df = compare_golden(run, getattr(args, "goldens", None))
+        df = compare_golden(run, getattr(args, "goldens", None),
+                            allow_other_platform=getattr(args, "allow_other_platform", False))
     elif against:
         df = compare_runs(run, against)
     else:

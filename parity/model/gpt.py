@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parity.model import matmul
 from parity.model.config import ModelConfig
 from parity.model.edges import edit_init
 from parity.model.fp8_linear import FP8Linear
@@ -137,10 +138,10 @@ class GPT(nn.Module):
         S = tokens.shape[1]
         x = (self.embed(tokens).float() + self.ape[:S]).to(torch.bfloat16)
         if self.mix is not None:
-            x = x + F.linear(x, self.mix)
+            x = x + matmul.linear(x, self.mix)
         for layer in self.layers:
             x = layer(x)
-        logits = self.head(self.final_norm(x))
+        logits = matmul.linear(self.final_norm(x), self.head.weight)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
         return loss, logits
 

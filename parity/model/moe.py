@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parity.distributed.collectives import all_to_all_single
+from parity.model import matmul
 
 
 class _AllToAll(torch.autograd.Function):
@@ -78,7 +79,7 @@ class MoE(nn.Module):
         shape = h.shape
         h = h.reshape(-1, shape[-1])
         T, k = h.shape[0], self.topk
-        probs = torch.softmax(self.router(h).float(), dim=-1)
+        probs = torch.softmax(matmul.linear(h, self.router.weight).float(), dim=-1)
         if self.selection_bias is None:
             weights, chosen = torch.topk(probs, k, dim=-1)
         else:

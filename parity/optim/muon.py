@@ -22,6 +22,8 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from parity.model import matmul
+
 __all__ = [
     "NS_COEFFICIENTS",
     "newton_schulz",
@@ -67,13 +69,14 @@ def newton_schulz(
     # The Frobenius norm bounds the spectral norm, so every singular value starts in [0, 1],
     # inside the region where the iteration converges. F.normalize is x / max(||x||_F, eps).
     X = F.normalize(x, p=2, dim=(-2, -1), eps=eps)
-    # Torch has no fp32-in/bf16-compute matmul, so "medium" means run the whole loop in bf16.
+    # Torch has no fp32-in/bf16-compute matmul, so "medium" means run the whole loop in bf16
+    # (bf16 values, fp32 accumulation, one rounding per GEMM: parity.model.matmul).
     if torch.get_float32_matmul_precision() == "medium":
         X = X.to(torch.bfloat16)
     for a, b, c in itertools.islice(itertools.cycle(NS_COEFFICIENTS[coefficient_type]), steps):
-        A = X @ X.mT
-        B = torch.addmm(A, A, A, beta=b, alpha=c)
-        X = torch.addmm(X, B, X, beta=a, alpha=1.0)
+        A = matmul.mm(X, X.mT)
+        B = matmul.addmm(A, A, A, beta=b, alpha=c)
+        X = matmul.addmm(X, B, X, beta=a, alpha=1.0)
     X = X.to(torch.float32)
     return X.mT if transpose else X
 

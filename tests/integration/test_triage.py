@@ -162,40 +162,33 @@ def test_against_another_run(runs, capsys):
 
 
 @pytest.mark.slow
-def test_against_golden(runs, tmp_path, monkeypatch, capsys):
-    from parity.harness.golden import GoldenRecorder, KeyRecord, LossRecord
-    from parity.harness.snapshot import read_snapshot, read_snapshot_metadata
+def test_against_golden(runs, tmp_path, capsys):
+    import shutil
 
-    rep = json.loads((runs["spread"] / "report.json").read_text())
-    snaps = sorted((runs["spread"] / "snapshots" / "triage-w2").glob("*.safetensors"))
-    fp = read_snapshot_metadata(snaps[0])["fingerprint"]
-    rec = GoldenRecorder("triage-w2", fp, rep["platform"])
-    for p in snaps:
-        step, rank = int(p.name[5:10]), int(p.name[16:19])
-        if step < 5:  # a golden of the last steps only keeps the test short
-            continue
-        t, _ = read_snapshot(p)
-        by_phase: dict = {}
-        for k, v in t.items():
-            if k.startswith("A/"):
-                ph, name = k[2:].split("/", 1)
-                by_phase.setdefault(ph, {})[name] = v
-        recs = {f"{ph}/*": KeyRecord("digest", (len(live),), triage._phase_digest(live)) for ph, live in by_phase.items()}
-        if step == 7:
-            recs.update({f"{ph}/{n}": KeyRecord.from_tensor(v) for ph, live in by_phase.items() for n, v in live.items()})
-        rec.add_digests(step, rank, recs, loss=LossRecord.from_tensor(t["A/forward/loss"].reshape(())))
-    rec.write(tmp_path / "goldens")
-    monkeypatch.setenv("PARITY_GOLDENS", str(tmp_path / "goldens"))
-    df = triage.compare_golden(runs["grad"])
+    root = tmp_path / "goldens"
+    scen = runs["grad"].parent / "triage-w2.toml"
+    p = _parity("golden", "regen", str(scen), "--goldens", str(root), "--accept")
+    assert p.returncode == 0, p.stdout + p.stderr
+    df = triage.compare_golden(runs["grad"], root)
     fd = triage.first_divergence(df)
-    assert (fd["step"], fd["phase"], fd["tensor"], fd["reason"]) == (5, "grad_reduce", "*", "digest")
+    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"], fd["reason"]) == (5, "grad_reduce", QKV, 0, "digest")
     assert "the reduction changed" in triage.diagnose(df)
     assert df[(df["step"] == 6) & (df["tensor"] == "loss")].iloc[0]["max_ulp"] > 0  # loss bits vs the golden's
-    assert main(["triage", str(runs["spread"]), "--against", "golden", "--out", str(tmp_path / "t")]) == 0
+    last = df[(df["step"] == 7) & (df["rank"] == 0)]  # the golden's stored step: element statistics
+    assert len(last) and (last["reason"] == "values").all() and last["max_ulp"].notna().all()
+    assert main(["triage", str(runs["spread"]), "--against", "golden", "--goldens", str(root),
+                 "--out", str(tmp_path / "t")]) == 1
+    assert f"first divergence at step 5 / param_sync / {FP8_BYTE}" in capsys.readouterr().out
+    # a 2-step run checks the golden's first 2 steps
+    assert main(["triage", str(runs["clean"]), "--against", "golden", "--goldens", str(root),
+                 "--out", str(tmp_path / "c")]) == 0
     assert "no divergence: all" in capsys.readouterr().out
-    # a run with command-line overrides has no golden
-    assert main(["triage", str(runs["clean"]), "--against", "golden"]) == 2
-    assert "overrides" in capsys.readouterr().err
+    # a run without its record (made with --golden off) cannot be triaged against a golden
+    bare = tmp_path / "bare"
+    shutil.copytree(runs["clean"], bare)
+    shutil.rmtree(bare / "golden")
+    assert main(["triage", str(bare), "--against", "golden", "--goldens", str(root)]) == 2
+    assert "has no golden record" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------

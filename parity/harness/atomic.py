@@ -1,0 +1,134 @@
+"""Directories replaced atomically: a reader finds the old directory or the new one, never a mix.
+
+:func:`replace_dir` fills a hidden staging directory beside the target, fsyncs it and swaps it in
+with one ``renameat2(RENAME_EXCHANGE)`` where Linux offers it, or with two renames otherwise (in
+between, :func:`resolve` finds the old directory under its backup name). An interruption at any
+point (SIGINT, SIGKILL, power loss) leaves the previous directory readable; the next writer
+removes the leftovers of dead writers and puts back a directory whose swap was cut short.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from parity.harness.snapshot import fsync_dir
+
+__all__ = ["replace_dir", "resolve"]
+
+_LEFTOVER_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<writer>\d+)-")
+
+
+def replace_dir(target: Path, fill: Callable[[Path], None], *, overwrite: bool, marker: str) -> None:
+    """Make ``target`` a directory filled by ``fill(staging)``; ``marker`` is the file whose
+    presence makes a directory complete (it should be written last).
+
+    Raises:
+        FileExistsError: ``target`` exists and ``overwrite`` is False.
+        OSError: the filesystem refused.
+    """
+    parent = target.parent
+    if not overwrite and resolve(target, marker) is not None:
+        raise FileExistsError(str(target))
+    parent.mkdir(parents=True, exist_ok=True)
+    _cleanup_stale(parent, target.name, marker)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=parent))
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; these are shared files
+        fill(staging)
+        fsync_dir(staging)
+        _swap_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def resolve(target: Path, marker: str) -> Path | None:
+    """The directory holding ``target``'s content: itself, or its moved-aside copy mid-swap."""
+    if target.is_dir():
+        return target
+    olds = [p for kind, _, p in leftovers(target.parent, target.name) if kind == "old" and (p / marker).is_file()]
+    return max(olds, key=lambda p: p.stat().st_mtime) if olds else None
+
+
+def leftovers(parent: Path, name: str | None = None) -> list[tuple[str, int, Path]]:
+    """(kind "tmp" or "old", writer pid, path) of the staging and backup directories in ``parent``
+    (of ``name``'s, or of every name when None)."""
+    out = []
+    for p in parent.iterdir() if parent.is_dir() else []:
+        m = _LEFTOVER_RE.match(p.name)
+        if m and (name is None or m["name"] == name) and p.is_dir():
+            out.append((m["kind"], int(m["writer"]), p))
+    return out
+
+
+def backup_name(path: Path) -> str | None:
+    """The name a moved-aside backup directory stands for (None for other paths)."""
+    m = _LEFTOVER_RE.match(path.name)
+    return m["name"] if m and m["kind"] == "old" else None
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with Linux renameat2(RENAME_EXCHANGE); False if unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    parent = target.parent
+    if not target.exists():
+        os.rename(staging, target)
+    elif _rename_exchange(staging, target):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the old directory
+    else:  # two renames; in between, readers find the old directory under its backup name
+        backup = parent / f".{target.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
+        os.rename(target, backup)
+        fsync_dir(parent)
+        _between_renames()
+        os.rename(staging, target)
+        shutil.rmtree(backup, ignore_errors=True)
+    fsync_dir(parent)
+
+
+def _between_renames() -> None:
+    """Test hook: the window of the two-rename fallback."""
+
+
+def _cleanup_stale(parent: Path, name: str, marker: str) -> None:
+    target = parent / name
+    for kind, writer, path in sorted(leftovers(parent, name)):
+        if writer != os.getpid() and _pid_alive(writer):
+            continue
+        if kind == "old" and not target.exists() and (path / marker).is_file():
+            os.rename(path, target)
+            fsync_dir(parent)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
