@@ -154,7 +154,11 @@ def main(argv=None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.cmd == "golden" and not any(e.startswith("-") for e in extra):
+        args.scenarios += extra  # names after options: `golden regen --accept NAME...`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd is None:
         parser.print_help()
         return EXIT_USAGE

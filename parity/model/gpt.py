@@ -124,7 +124,7 @@ class GPT(nn.Module):
         if cfg.fp8_head:  # an FP8 matrix Adam steps: the DistOpt sibling holds FP8 params
             self.head = lin("head.weight", cfg.vocab_size, H)
         else:
-            self.head = nn.Linear(H, cfg.vocab_size, bias=False)
+            self.head = matmul.Linear(H, cfg.vocab_size, bias=False)
             self.head.weight = nn.Parameter(
                 init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
         self.embed.weight.is_embedding_or_output = True
@@ -141,7 +141,7 @@ class GPT(nn.Module):
             x = x + matmul.linear(x, self.mix)
         for layer in self.layers:
             x = layer(x)
-        logits = matmul.linear(self.final_norm(x), self.head.weight)
+        logits = self.head(self.final_norm(x))
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
         return loss, logits
 

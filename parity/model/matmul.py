@@ -21,12 +21,20 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-__all__ = ["linear", "mm", "addmm"]
+__all__ = ["Linear", "linear", "mm", "addmm"]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x @ w^T`` in ``x.dtype``, accumulated in fp32 (differentiable)."""
     return F.linear(x.float(), w.float()).to(x.dtype)
+
+
+class Linear(torch.nn.Linear):
+    """``nn.Linear`` (no bias) whose forward is :func:`linear`. Called as a module, so forward
+    pre-hooks (the DDP's overlapped param gather) run before its weight is read."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
 
 
 @contextlib.contextmanager

@@ -62,7 +62,7 @@ class MoE(nn.Module):
     def __init__(self, router_init: torch.Tensor, experts: dict[int, nn.Module], num_experts: int,
                  topk: int, ep_size: int, ep_rank: int, ep_group, dead_experts=()):
         super().__init__()
-        self.router = nn.Linear(router_init.shape[1], router_init.shape[0], bias=False)
+        self.router = matmul.Linear(router_init.shape[1], router_init.shape[0], bias=False)
         self.router.weight = nn.Parameter(router_init.to(torch.bfloat16))
         self.experts = nn.ModuleDict({str(e): m for e, m in experts.items()})
         self.num_experts, self.topk = num_experts, topk
@@ -79,7 +79,7 @@ class MoE(nn.Module):
         shape = h.shape
         h = h.reshape(-1, shape[-1])
         T, k = h.shape[0], self.topk
-        probs = torch.softmax(matmul.linear(h, self.router.weight).float(), dim=-1)
+        probs = torch.softmax(self.router(h).float(), dim=-1)
         if self.selection_bias is None:
             weights, chosen = torch.topk(probs, k, dim=-1)
         else:
