@@ -5,8 +5,8 @@ the CPU's widest instruction set); "after" is this checkout with the pins the ra
 applies (``parity.distributed.determinism.CPU_PINS``) and the fp32-GEMM formulation of the bf16
 matmuls (``parity.model.matmul``). Each round runs ``tools/bench_step.py`` (one rank, bare ON and
 OFF steps) in both, alternating, so that load from other processes hits both alike; the medians
-over the rounds are printed, with the CPU seconds of the whole benchmark process (the same work in
-every column: on a loaded machine a steadier measure than wall time). A third column runs this checkout without the pins, which separates
+over the rounds are printed, with the CPU time per lockstep step (a run of ``--steps N`` minus a
+run of ``--steps 1``: on a loaded machine a steadier measure than wall time). A third column runs this checkout without the pins, which separates
 the cost of the pins from the cost of the fp32 GEMMs.
 
     python tools/bench_cpu_pins.py --before /tmp/parity-base [--rounds 3] [--moe]
@@ -53,20 +53,26 @@ def main() -> None:
     cols = {"before (native ISA, oneDNN bf16 GEMMs)": (Path(args.before).resolve(), {}),
             "after, without pins (fp32 GEMMs, native ISA)": (REPO, {}),
             "after (fp32 GEMMs, ATen AVX2, MKL CNR COMPATIBLE)": (REPO, PINS)}
+    short = ["--steps", "1", "--warmup", "1"] + (["--moe"] if args.moe else [])
     runs: dict[str, list[dict]] = {k: [] for k in cols}
     for r in range(args.rounds):
         for label, (code, env) in cols.items():
-            runs[label].append(bench(code, env, extra))
-            print(f"  round {r + 1} {label}: ON {runs[label][-1]['step_ms_on']} ms", file=sys.stderr, flush=True)
+            res = bench(code, env, extra)
+            # CPU seconds per lockstep step (ON + OFF): the difference to a 1-step run removes start-up
+            # and model building; bench_step runs 2 * steps lockstep steps besides its warm-up.
+            res["cpu_ms_per_step"] = 1e3 * (res["cpu_s"] - bench(code, env, short)["cpu_s"]) / (2 * (args.steps - 1))
+            runs[label].append(res)
+            print(f"  round {r + 1} {label}: ON {res['step_ms_on']} ms, {res['cpu_ms_per_step']:.0f} CPU ms per "
+                  "lockstep step", file=sys.stderr, flush=True)
     print(f"bench_step.py {' '.join(extra)}: median over {args.rounds} interleaved rounds (ms per step, one rank)")
     print()
-    print("| code | ON step ms | OFF step ms | lockstep bare ms | CPU s, whole benchmark |")
+    print("| code | CPU ms per lockstep step (ON + OFF) | wall: ON step ms | OFF step ms | lockstep bare ms |")
     print("|---|---|---|---|---|")
     for label in cols:
         med = {k: statistics.median(x[k] for x in runs[label])
-               for k in ("step_ms_on", "step_ms_off", "lockstep_bare_ms", "cpu_s")}
-        print(f"| {label} | {med['step_ms_on']:.1f} | {med['step_ms_off']:.1f} | {med['lockstep_bare_ms']:.1f} "
-              f"| {med['cpu_s']:.1f} |")
+               for k in ("cpu_ms_per_step", "step_ms_on", "step_ms_off", "lockstep_bare_ms")}
+        print(f"| {label} | {med['cpu_ms_per_step']:.0f} | {med['step_ms_on']:.1f} | {med['step_ms_off']:.1f} "
+              f"| {med['lockstep_bare_ms']:.1f} |")
 
 
 if __name__ == "__main__":

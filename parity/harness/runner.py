@@ -198,7 +198,7 @@ class LockstepRunner:
         self.states: dict[int, _StepState] = {}
         self.pinned_drop = None
         self.scan_nonfinite = False
-        self.snaps: dict = {}
+        self.snapshots = _snapshot_writer(scenario, self.rank, opts)
         self.stopped = False
         self.last_beat = None
 
@@ -214,8 +214,8 @@ class LockstepRunner:
             if self.opts.fail_fast and _any_rank(self.stopped, self.device):
                 break  # every rank stops at the same step, or those still stepping wait on the others
         self._flush()
-        if self.snaps:
-            self.result.snapshots = _write_snapshots(self.snaps, self.scenario, self.rank, self.opts)
+        if self.snapshots is not None:
+            self.result.snapshots = self.snapshots.close()
         return self.result
 
     def _stacks(self) -> dict:
@@ -490,7 +490,8 @@ class LockstepRunner:
             res.steps.append(st.record)
             mode = self.opts.snapshot
             if mode == "all" or (mode == "divergent" and step_div):
-                self.snaps[step] = _snapshot_tensors(st, step_div, mode)
+                if self.snapshots is not None:
+                    self.snapshots.submit(step, _snapshot_tensors(st, step_div, mode))
             if self.opts.fail_fast and (step_div or any(not c["ok"] for c in res.checks)):
                 self.stopped = True
             del self.states[step]
@@ -547,20 +548,15 @@ def _snapshot_tensors(st: _StepState, step_div, mode) -> dict:
     return out
 
 
-def _write_snapshots(snaps, scenario, rank, opts):
+def _snapshot_writer(scenario, rank, opts):
+    """A streaming writer of this rank's snapshot files (None when snapshots have nowhere to go):
+    each closed step is written as soon as it closes, so host memory holds about one step."""
     from parity.harness.platform import platform_fingerprint
-    from parity.harness.snapshot import snapshot_filename, write_snapshot
+    from parity.harness.snapshot import StreamingSnapshotWriter
 
-    if not opts.out_dir:
-        return []
-    d = os.path.join(opts.out_dir, "snapshots", scenario.name)
-    os.makedirs(d, exist_ok=True)
+    if not opts.out_dir or opts.snapshot == "none":
+        return None
     fp = platform_fingerprint(scenario.device, "nccl" if scenario.device == "cuda" else "gloo")
-    written = []
-    for step, tensors in snaps.items():
-        path = os.path.join(d, snapshot_filename(step, rank))
-        meta = {"scenario": scenario.name, "step": str(step), "rank": str(rank),
-                "fingerprint": scenario.fingerprint(), **{f"platform.{k}": str(v) for k, v in fp.items()}}
-        write_snapshot(path, tensors, meta)
-        written.append(path)
-    return written
+    meta = {"scenario": scenario.name, "fingerprint": scenario.fingerprint(),
+            **{f"platform.{k}": str(v) for k, v in fp.items()}}
+    return StreamingSnapshotWriter(os.path.join(opts.out_dir, "snapshots", scenario.name), rank, meta)
