@@ -208,6 +208,7 @@ class Stack:
     def step(self, step: int, on_phase) -> None:
         cfg, ddp = self.cfg, self.ddp
         n = cfg.microbatches
+        self.grad_buffer_clean = None  # set again if this step ends with a forced sync
         ddp.zero_grad_buffer()
         losses = []
         for mb in range(n):
@@ -280,9 +281,10 @@ class Stack:
         ddp = self.ddp
         hooks_on = ddp.pre_hooks_enabled
         ddp.disable_forward_pre_hook(param_sync=True)
+        # The compact LayerWise buffers receive the gather in grad_data: empty once it landed.
         self.grad_buffer_clean = all(
-            int(torch.count_nonzero(b.grad_data)) == 0
-            for buf in ddp.all_buffers() if buf.key.is_layer_wise for b in buf.buckets)
+            int(torch.count_nonzero(b.grad_data)) == 0 for buf in ddp.all_buffers()
+            if buf.key.is_layer_wise and not buf.config.use_distributed_optimizer for b in buf.buckets)
         if self.window is not None:
             self.window.source = FORCE_SYNC
         if hooks_on:
