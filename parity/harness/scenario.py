@@ -93,9 +93,10 @@ class Scenario:
     resume_world: int | None = None
     """With resume_at: resume at this world (DP) size instead (a resharded load; its bits are not
     compared with the uninterrupted run, the loaded state is compared with the saved one)."""
-    golden_tensor_steps: list = field(default_factory=lambda: [0, -1])
+    golden_tensor_steps: list = field(default_factory=list)
     """Steps whose full tensors (rank 0) the golden stores besides every step's digests, as Python
-    indices (-1: the last step); [] for digests only. Not part of the golden's identity."""
+    indices (-1: the last step); [] (the default) for digests only, so goldens/ stays small; the
+    `default` scenario keeps its first and last step. Not part of the golden's identity."""
     source: str = ""
     """File the scenario came from (for messages)."""
 
