@@ -37,7 +37,7 @@ FP = {"device_kind": "cpu", "device_name": "Intel(R) Xeon(R) Platinum 8481C CPU 
       "cuda": "none", "te": "none", "backend": "gloo", "cpu_isa": "avx2", "mkl_cbwr": "COMPATIBLE,STRICT",
       "machine": "x86_64", "python": "3.11.7", "os": "linux", "nccl": "none", "cudnn": "none"}
 PID = "cpu-avx2-torch2.13.0"
-SCEN = make_scenario({"name": "tiny", "world": 2, "steps": 4})
+SCEN = make_scenario({"name": "tiny", "world": 2, "steps": 4, "golden_tensor_steps": [0, -1]})
 
 
 def live(step: int, rank: int, phase: str, version: int = 0) -> dict[str, torch.Tensor]:
@@ -181,13 +181,13 @@ def test_structural_differences_and_loss(tmp_path):
 
 def test_prefix_and_longer_runs(tmp_path):
     g = golden.load(write(tmp_path))
-    short = make_scenario({"name": "tiny[steps=2]", "world": 2, "steps": 2})
+    short = make_scenario({"name": "tiny[steps=2]", "world": 2, "steps": 2, "golden_tensor_steps": [0, -1]})
     c = golden.compare(g, record(short))
     assert c.status == "pass" and c.steps == 2 and c.drift_steps == [0]
     assert c.notes == ["checked the golden's first 2 of 4 steps"]
     bad = golden.compare(g, record(short, edit=lambda *a: bump_master(*a, at=(1, 1))))
     assert bad.status == "fail" and bad.first().where() == "step 1 / optimizer / w.master / rank 1"
-    long = make_scenario({"name": "tiny[steps=6]", "world": 2, "steps": 6})
+    long = make_scenario({"name": "tiny[steps=6]", "world": 2, "steps": 6, "golden_tensor_steps": [0, -1]})
     c = golden.compare(g, record(long))
     assert c.status == "pass" and c.steps == 4 and "beyond the golden" in c.notes[0]
 

@@ -11,12 +11,19 @@ import torch
 
 from parity.fp8 import quantize
 from parity.fp8.quantize import blockwise_scale_from_amax, mxfp8_e8m0_from_amax
+from parity.harness import golden
 from parity.harness.errors import ConfigError
 from parity.harness.scenario import load_all, make_scenario
 from parity.model import GPT, ModelConfig, is_quantized_param
 from parity.model.config import InitEdges
-from parity.model.edges import (EDGE_POSITIONS, TINY_AMAX, _bf16_step, block_states, edge_value,
-                                pow2_boundary)
+from parity.model.edges import (
+    EDGE_POSITIONS,
+    TINY_AMAX,
+    _bf16_step,
+    block_states,
+    edge_value,
+    pow2_boundary,
+)
 from parity.model.fp8_linear import quantize_weight
 
 ALL = InitEdges(zero_blocks=True, pow2_edge=True, tiny_values=True, dead_expert=True)
@@ -210,8 +217,9 @@ def test_dead_expert_is_never_routed(built):
 
 
 def test_selection_bias_keeps_the_router_probabilities_as_weights():
-    from parity.model.moe import MoE
     from torch import nn
+
+    from parity.model.moe import MoE
 
     torch.manual_seed(0)
     r = torch.randn(4, 16) * 0.3
@@ -255,7 +263,11 @@ def test_scenarios_without_stress_keep_their_golden_fingerprints():
         s = by_name.get(name)
         if s is None or s.stress:
             continue
-        assert json.load(open(m))["scenario_fingerprint"] == s.fingerprint(), name
+        manifest = json.load(open(m))
+        if manifest.get("format_version") != golden.GOLDEN_FORMAT_VERSION:
+            continue  # an old-format golden awaiting regeneration on its platform (world-2 CUDA)
+        want = golden.fingerprint(golden.scenario_config(s))  # the golden's identity of the scenario
+        assert manifest["fingerprint"] == want, name
         checked += 1
     if checked == 0:
         pytest.skip("no golden manifests to compare with")
