@@ -75,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=("cpu", "cuda"))
     r.add_argument("--out", default="out", help="output directory (default: ./out)")
     r.add_argument("--snapshot", choices=("none", "divergent", "all"), default="divergent")
-    r.add_argument("--golden", choices=("check", "require", "off"), default="check",
+    r.add_argument("--golden", choices=("check", "require", "off"), default=None,
                    help="check: compare every step with the scenario's golden for this platform where one "
                    "exists (a missing one is reported, not failed); require: a missing golden fails (for "
-                   "CI); off: no golden check (default: check)")
+                   "CI); off: no golden check (default: check; off for --resume-from, whose run starts "
+                   "mid-way)")
     r.add_argument("--goldens", default=None, help="golden root (default: $PARITY_GOLDENS or the repo's goldens/)")
     r.add_argument("--allow-other-platform", action="store_true",
                    help="where this platform has no golden, compare with another platform's in the "
@@ -370,8 +371,10 @@ def cmd_run(args, argv) -> int:
     _check_injections(injections, scenarios)
     if args.resume_from and (len(scenarios) != 1 or scenarios[0].resume_at is not None):
         raise UsageError("--resume-from runs one scenario, without --resume-at / resume_at")
-    if args.resume_from and args.golden == "check":
-        raise UsageError("--golden check needs every step: it cannot check a run resumed from a checkpoint")
+    if args.resume_from and args.golden not in (None, "off"):
+        raise UsageError(f"--golden {args.golden} needs every step: it cannot check a run resumed from a checkpoint")
+    if args.golden is None:
+        args.golden = "off" if args.resume_from else "check"
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
     # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
@@ -433,7 +436,9 @@ def _print_entry(e, quiet):
         if fd.get("against") == "uninterrupted":
             how = f"side {fd.get('side')} after the resume != the uninterrupted run"
         else:
-            how = f"max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements differ"
+            n = f"{fd['n_diff']} element{'s' if fd['n_diff'] != 1 else ''} differ{'s' if fd['n_diff'] == 1 else ''}"
+            # raw FP8 bytes have no ULP distance: their byte count is the measure
+            how = n if fd["max_ulp"] is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
             how += ", loaded != saved" if fd.get("against") == "saved" else ""
         print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} ({how})")
     if e.get("resume"):

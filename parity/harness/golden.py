@@ -392,7 +392,8 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
         rec, tier = load(ref.path), "approx"
     else:
         others = tuple(r.platform_id for r in have)
-        hint = f" (goldens exist for: {', '.join(others)})" if others else ""
+        hint = (f" (goldens exist for: {', '.join(others)}; --allow-other-platform compares with one of them)"
+                if others else "")
         raise GoldenMissing(f"no golden for {pid}: scenario {name!r} has none under {root}{hint}; record one with "
                             f"`parity golden regen {name}`", platform_id=pid, others=others)
     config = scenario_config(scenario)

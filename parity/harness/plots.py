@@ -63,6 +63,7 @@ def plot_drift(psp: pd.DataFrame, path: str | os.PathLike[str]) -> str:
     """
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    positive = [False, False]  # a log axis needs one positive value (digest-only rows have no ULP)
     try:
         scenarios = list(dict.fromkeys(psp["scenario"]))
         for scen in scenarios:
@@ -75,8 +76,13 @@ def plot_drift(psp: pd.DataFrame, path: str | os.PathLike[str]) -> str:
                 u = [(_ulp_float(x) if _ulp_float(x) > 0 else math.nan) for x in g["max_ulp"]]
                 axes[0].plot(g["step"], n, marker="o", label=label)
                 axes[1].plot(g["step"], u, marker="o", label=label)
-        axes[0].set_yscale("log")
-        axes[1].set_yscale("log")
+                positive[0] |= any(x > 0 for x in n)
+                positive[1] |= any(x > 0 for x in u)
+        for ax, pos in zip(axes, positive):
+            if pos:
+                ax.set_yscale("log")
+            else:
+                ax.text(0.5, 0.5, "no values (digests only)", transform=ax.transAxes, ha="center")
         axes[0].set_ylabel("differing tensors (tensor x rank)")
         axes[1].set_ylabel("max ULP")
         axes[1].set_xlabel("step")

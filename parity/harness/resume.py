@@ -57,7 +57,8 @@ def checkpoint_config(scenario) -> dict:
     """What a checkpoint must share with the run that loads it (world and ep may differ only with
     --reshard; steps and device may differ)."""
     d = scenario.to_dict()
-    for k in ("name", "steps", "world", "ep", "device", "resume_at", "resume_world"):
+    for k in ("name", "steps", "world", "ep", "device", "resume_at", "resume_world",
+              "golden_tensor_steps"):
         d.pop(k, None)
     return d
 

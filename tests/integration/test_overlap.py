@@ -227,6 +227,7 @@ def _forced_sync_rank(ctx) -> dict:
     cfg = s.stack_configs()[0]
     plain, forced = (Stack(cfg, build_groups(1), torch.device("cpu")) for _ in range(2))
     losses = {"plain": [], "forced": []}
+    clean = None
 
     def keep(name):
         def on_phase(step, phase, tensors, complete=True):
@@ -239,11 +240,12 @@ def _forced_sync_rank(ctx) -> dict:
         forced.step(step, keep("forced"))
         if step == 1:
             forced.force_param_sync()
+            clean = forced.grad_buffer_clean  # the stack's own reading, right after the sync it made
     windows = {w.step: w for w in forced.closed_windows}
     rows = {k: forced.gather_report(w) for k, w in windows.items()}
     return {"losses": losses, "sources": {k: w.source for k, w in windows.items()},
             "before": {k: sorted({tuple(r["before_first_use"]) for r in v if r["expect"]}) for k, v in rows.items()},
-            "clean": forced.grad_buffer_clean}
+            "clean": clean, "clean_after": forced.grad_buffer_clean}
 
 
 @pytest.mark.slow
@@ -255,4 +257,4 @@ def test_forced_param_sync_mid_run_is_recorded_and_changes_nothing():
         assert seen["losses"]["plain"] == seen["losses"]["forced"], r
         assert seen["sources"] == {0: "pre_hook", 1: "force_sync"}, r
         assert seen["before"] == {0: [("pre_hook",)], 1: [("force_sync",)]}, r
-        assert seen["clean"] is True, r
+        assert seen["clean"] is True and seen["clean_after"] is None, r  # reset by the next step
