@@ -168,6 +168,10 @@ def main(argv=None) -> int:
     except ValueError:  # not the main thread (main() called from a test or an embedding program)
         previous_sigterm, restore = None, False
     job, stdout = None, sys.stdout
+    if args.cmd in ("run", "golden", "selftest"):
+        from parity.harness.forkserver import start_early
+
+        start_early()  # its torch import runs beside ours
     try:
         job = _torchrun_start(args, argv)
         if job is not None and job.rank != 0:
@@ -357,7 +361,6 @@ def cmd_run(args, argv) -> int:
     from parity.harness.platform import platform_fingerprint
     from parity.harness.driver import run_scenario
     from parity.harness.errors import UsageError
-    from parity.harness.resume import run_from_checkpoint
     from parity.harness.launch import is_report_writer
     from parity.harness.runner import RunOptions
 
@@ -398,6 +401,8 @@ def cmd_run(args, argv) -> int:
                   f"{'moe' if s.moe else 'dense'}, overlap {'on' if s.overlap else 'off'}, "
                   f"{s.layout} layout, {s.steps} steps on {s.device}", flush=True)
         if args.resume_from:
+            from parity.harness.resume import run_from_checkpoint
+
             entry, results = run_from_checkpoint(s, opts, args.resume_from, args.reshard, timeout_s=args.timeout,
                                                  allow_nondeterministic=args.allow_nondeterministic)
         else:

@@ -45,6 +45,7 @@ def _progress_rank_main(ctx, scenario, opts):
     collective* while the hung rank is somewhere else; that tells the culprit from its victims."""
     import parity.harness.runner as runner
 
+    entered_at = time.time()
     state = {"rank": ctx.rank, "step": -1, "phase": "build", "t": time.time(),
              "in_collective": False, "where": "", "host": socket.gethostname()}
     lock = threading.Lock()
@@ -76,6 +77,7 @@ def _progress_rank_main(ctx, scenario, opts):
     threading.Thread(target=watch, name="parity-progress-watch", daemon=True).start()
     res = rank_main(ctx, scenario, opts)
     res["host"] = state["host"]  # where this rank's snapshot files are (OUT may be per node)
+    res["entered_at"] = entered_at  # the parent's launch time to this: rank start-up
     return res
 
 
@@ -103,7 +105,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
         from parity.harness.resume import run_resume
         return run_resume(scenario, opts, timeout_s=timeout_s, allow_nondeterministic=allow_nondeterministic)
     check_fits(scenario)
-    t0 = time.perf_counter()
+    t0, launched_at = time.perf_counter(), time.time()
     try:
         results = launch(_progress_rank_main, launch_config(scenario, timeout_s, allow_nondeterministic),
                          scenario, opts)
@@ -114,8 +116,9 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
         msg = f"rank {failure['rank']} failed {when} ({failure['reason']})"
         return rep.error_entry(scenario, msg, time.perf_counter() - t0, failure), []
     if not under_torchrun():
-        return rep.merge_ranks(scenario, results, time.perf_counter() - t0), results
-    job = torchrun_job()
+        start_s = max(r["entered_at"] for r in results) - launched_at if results else None
+        return rep.merge_ranks(scenario, results, time.perf_counter() - t0, start_s), results
+    job = torchrun_job()  # (torchrun started the ranks before us: no start-up time to report)
     entry = rep.merge_ranks(scenario, results, time.perf_counter() - t0) if job.rank == 0 else None
     return job.broadcast("entry", entry), (results if job.rank == 0 else [])
 

@@ -894,11 +894,12 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
             f"launch: fn and args must be picklable (define fn at module top level): {type(exc).__name__}: {exc}"
         ) from None
 
-    ctx = mp.get_context(cfg.start_method)
     if cfg.start_method == "forkserver":
-        # Imported once, in the server: torch, and torch._inductor.config, which
-        # torch.use_deterministic_algorithms imports (about 1 s of CPU per rank otherwise).
-        ctx.set_forkserver_preload(["parity.harness.launch", "torch._inductor.config"])
+        from parity.harness.forkserver import context
+
+        ctx = context()  # the server imported torch and the stack once (parity/harness/forkserver.py)
+    else:
+        ctx = mp.get_context(cfg.start_method)
     mon = _Monitor(plans[0].world_size, [p.rank for p in plans])
     deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
     # The OS parent of a spawned rank (a forkserver rank's is the fork server).

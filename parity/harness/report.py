@@ -17,8 +17,10 @@ OPTIM_STATS = ("step", "lr", "grad_norm", "grad_norm_b", "num_zeros", "num_zeros
 """Per-step optimizer statistics in report.json (``_b``: the reference side)."""
 
 
-def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
-    """One scenario's entry of report.json."""
+def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float | None = None) -> dict:
+    """One scenario's entry of report.json (``start_s``: launch to the last rank's entry)."""
+    from parity.harness.timing import merge_timing
+
     divs = [d for r in results for d in r["divergences"]]
     checks = [c for r in results for c in r["checks"]]
     failed_checks = [c for c in checks if not c["ok"]]
@@ -67,9 +69,31 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float) -> dict:
         "hosts": {str(r["rank"]): r["host"] for r in results if r.get("host")},
         "golden": "off",
         "elapsed_s": round(elapsed_s, 2),
+        "timing": merge_timing(results, start_s, elapsed_s),
+        "memory": _peaks(results),
+        "snapshot_io": _snapshot_io(results),
         "scenario": scenario.to_dict(),
         "divergence_table": _div_table(divs),
     }
+
+
+def _peaks(results: list[dict]) -> dict:
+    """The largest peak of each memory kind over the ranks (bytes)."""
+    out: dict = {}
+    for r in results:
+        for k, v in (r.get("memory") or {}).items():
+            out[k] = max(out.get(k, 0), v)
+    return out
+
+
+def _snapshot_io(results: list[dict]) -> dict:
+    """Snapshot bytes written by all ranks, the slowest writer's seconds, and their ratio."""
+    ios = [r["snapshot_io"] for r in results if r.get("snapshot_io")]
+    if not ios:
+        return {}
+    total, slowest = sum(i["bytes"] for i in ios), max(i["write_s"] for i in ios)
+    return {"bytes": total, "write_s": slowest,
+            "mb_per_s": round(total / 1e6 / slowest, 1) if slowest > 0 else None}
 
 
 def fmt_ulp(v) -> str:
@@ -216,8 +240,9 @@ def summary_md(entries) -> str:
              "|---|---|---|---|---|---|"]
     for e in entries:
         fd = e.get("first_divergence")
+        ulp = "" if not fd or fd["max_ulp"] is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, "
         fds = (f"step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} "
-               f"(max {fmt_ulp(fd['max_ulp'])} ULP, {fd['n_diff']} elements)") if fd else "-"
+               f"({ulp}{fd['n_diff']} elements)") if fd else "-"
         if e["status"] == "error":
             fds = e.get("error", "")
         elif not fd and e.get("n_failed_checks"):
@@ -229,6 +254,24 @@ def summary_md(entries) -> str:
             golden += f": {e['golden_detail']['summary']}"
         lines.append(f"| {e['name']} | {e['status']} | {e['steps']} | {e['compared']} | "
                      f"{golden} | {fds} |")
+    timed = [e for e in entries if e.get("timing")]
+    if timed:
+        from parity.harness.timing import timing_md
+
+        lines += ["", "## Where the time went", "",
+                  "Seconds, mean over ranks. A stack phase is the time from its previous report to this "
+                  "one; harness parts are parity's own work (see parity/harness/timing.py).", ""]
+        for e in timed:
+            lines += timing_md(e["name"], e["timing"], e.get("elapsed_s"))
+            mem, io = e.get("memory") or {}, e.get("snapshot_io") or {}
+            if mem:
+                lines.append("peak memory (largest rank): " + ", ".join(
+                    f"{k.replace('_bytes', '').replace('_', ' ')} {v / 2**20:.0f} MiB" for k, v in mem.items()))
+            if io:
+                lines.append(f"snapshots: {io['bytes'] / 1e6:.1f} MB written in {io['write_s']} s by the "
+                             f"slowest writer ({io['mb_per_s']} MB/s)")
+            if mem or io:
+                lines.append("")
     return "\n".join(lines) + "\n"
 
 

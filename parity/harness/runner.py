@@ -26,9 +26,9 @@ from parity.distributed.groups import build_groups
 from parity.harness import golden
 from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
-from parity.harness.resume import record_digests, record_rng, resume_pair, save_pair
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
+from parity.harness.timing import PhaseClock
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
 from parity.vocab import Fault, Phase, Side
@@ -99,6 +99,12 @@ class RankResult:
     first_divergence: dict | None = None
     snapshots: list = field(default_factory=list)
     build_s: float = 0.0
+    timing: dict | None = None
+    memory: dict = field(default_factory=dict)
+    """Peak host RSS of this rank and, on CUDA, peak device memory allocated (bytes)."""
+    snapshot_io: dict = field(default_factory=dict)
+    """Bytes of snapshot files this rank wrote and the writer thread's seconds writing them."""
+    """step -> {"test"|"ref"|"harness": {phase or part: seconds}} (parity/harness/timing.py)."""
     resume: dict | None = None
     """What loading the checkpoint did (resumed launches)."""
     checkpoint: dict | None = None
@@ -201,13 +207,19 @@ class LockstepRunner:
         self.snapshots = _snapshot_writer(scenario, self.rank, opts)
         self.stopped = False
         self.last_beat = None
+        self.clock = PhaseClock(self.device)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> RankResult:
         self._construction_checks()
+        self.clock.start()
         self._compare_init()
         start, steps = 0, self.scenario.steps
         if self.opts.load_from:  # resume: both sides from a checkpoint (parity/harness/resume.py)
+            from parity.harness.resume import (
+                resume_pair,  # (DCP is imported only by runs that need it)
+            )
+
             start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
         for step in range(start, steps):
             self._run_step(step)
@@ -215,7 +227,12 @@ class LockstepRunner:
                 break  # every rank stops at the same step, or those still stepping wait on the others
         self._flush()
         if self.snapshots is not None:
-            self.result.snapshots = self.snapshots.close()
+            with self.clock.part(steps - 1, "snapshot"):  # the writer's last files
+                self.result.snapshots = self.snapshots.close()
+            self.result.snapshot_io = {"bytes": self.snapshots.bytes_written,
+                                       "write_s": round(self.snapshots.write_seconds, 4)}
+        self.result.timing = self.clock.to_dict()
+        self.result.memory = _peak_memory(self.device)
         return self.result
 
     def _stacks(self) -> dict:
@@ -224,6 +241,8 @@ class LockstepRunner:
     def _run_step(self, step: int) -> None:
         _beat(step, "start")
         if self.opts.digests_from == step:
+            from parity.harness.resume import record_rng
+
             record_rng(self.result.digests, step, self.device)
         for inj in self.lifecycle:
             if inj.rank == self.rank and inj.step == step:
@@ -245,9 +264,13 @@ class LockstepRunner:
             for stack in (self.ref, self.test):
                 if stack.overlap:  # training makes the params current before a save
                     stack.force_param_sync()
+            from parity.harness.resume import save_pair
+
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
                                                self.device)
+            self.clock.harness_done(step, "checkpoint")
         self._close_ready_steps()
+        self.clock.harness_done(step, "checks")
 
     def _flush(self) -> None:
         """Both stacks report what is still open (under overlap: the last step's params)."""
@@ -255,6 +278,7 @@ class LockstepRunner:
         self.test.flush(self._on_test)
         self._gather_checks()
         self._close_ready_steps(final=True)
+        self.clock.harness_done(self.scenario.steps - 1, "checks")
 
     # -- phase reports ---------------------------------------------------------------------
     def _state(self, step: int) -> _StepState:
@@ -262,6 +286,11 @@ class LockstepRunner:
 
     def _on_ref(self, step, phase, tensors, complete=True) -> None:
         phase = str(phase)
+        self.clock.stack_reached(step, "ref", phase)
+        self._take_ref(step, phase, tensors, complete)
+        self.clock.harness_done(step)
+
+    def _take_ref(self, step, phase, tensors, complete) -> None:
         st = self._state(step)
         cap = st.ref.setdefault(phase, _PhaseCapture())
         cap.tensors.update({k: v.detach().clone() for k, v in tensors.items()})
@@ -275,6 +304,11 @@ class LockstepRunner:
 
     def _on_test(self, step, phase, live, complete=True) -> None:
         phase = str(phase)
+        self.clock.stack_reached(step, "test", phase)
+        self._take_test(step, phase, live, complete)
+        self.clock.harness_done(step)
+
+    def _take_test(self, step, phase, live, complete) -> None:
         if step >= 0 and self.last_beat != (step, phase):
             self.last_beat = (step, phase)
             _beat(step, phase)
@@ -316,12 +350,15 @@ class LockstepRunner:
                 self._record(step, phase, compare_tensors(ref[k], cur[k], f"step {step}/{phase}/{k}/rank {self.rank}"))
         opts = self.opts
         if opts.snapshot == "all":
-            st.snap_test.setdefault(phase, {}).update({k: v.detach().to("cpu", copy=True) for k, v in cur.items()})
+            with self.clock.part(step, "snapshot"):
+                st.snap_test.setdefault(phase, {}).update({k: v.detach().to("cpu", copy=True)
+                                                           for k, v in cur.items()})
         elif opts.snapshot == "divergent" and len(self.result.divergences) > n_before:
             # Copy the differing tensors now: later phases update the live tensors in place.
             bad = {_tensor_of(d["path"]) for d in self.result.divergences[n_before:]}
-            st.snap_test.setdefault(phase, {}).update(
-                {k: v.detach().to("cpu", copy=True) for k, v in cur.items() if k in bad})
+            with self.clock.part(step, "snapshot"):
+                st.snap_test.setdefault(phase, {}).update(
+                    {k: v.detach().to("cpu", copy=True) for k, v in cur.items() if k in bad})
 
     def _complete_phase(self, step, phase) -> None:
         """Both sides reported all of this phase: whole-set checks, hashes, golden records."""
@@ -335,10 +372,11 @@ class LockstepRunner:
                     f"step {step}/{phase}/rank {self.rank}: nothing to compare (empty key set)")
         one_sided = set(cur) - set(ref)
         if phase == Phase.GRAD_REDUCE:  # all-reduced grads: every replica must hold the same
-            st.grad_hashes = {f"main_grad:{k}": tensor_sha256(v) for k, v in cur.items() if k in self.all_reduced}
+            st.grad_hashes = {f"main_grad:{k}": tensor_sha256(v) for k, v in cur.items()
+                              if k in self.all_reduced and self._replicated(k)}
         if phase == Phase.PARAM_SYNC:
             self._dropped_set_checks(step, cur, ref)  # keys only in ref: the pinned dropped set
-            st.param_hashes = {k: tensor_sha256(v) for k, v in cur.items()}
+            st.param_hashes = {k: tensor_sha256(v) for k, v in cur.items() if self._replicated(k)}
         else:
             one_sided |= set(ref) - set(cur)
         for k in sorted(one_sided):
@@ -349,9 +387,12 @@ class LockstepRunner:
             st.record["loss"] = repr(float(cur["loss"]))
             st.record["loss_b_bits"] = loss_bits(ref["loss"])
         if self.opts.digests_from is not None and step >= self.opts.digests_from:
+            from parity.harness.resume import record_digests
+
             record_digests(self.result.digests, step, phase, cur, ref)
         if self.opts.golden_digests and phase != Phase.INIT:
-            self._record_golden(step, phase, cur)
+            with self.clock.part(step, "golden"):
+                self._record_golden(step, phase, cur)
 
     def _record_golden(self, step, phase, tensors) -> None:
         golden.capture_phase(self.result.golden, self.scenario, self.rank, step, phase, tensors)
@@ -452,6 +493,11 @@ class LockstepRunner:
                        f"expected exactly {r['expect']} by {want} ({len(bad)} group(s) wrong)")
             self._check(w.step, "param-gather-once", not bad, msg)
 
+    def _replicated(self, name: str) -> bool:
+        """Does another rank hold a replica of this tensor (its DP group has more than one rank)?
+        Only those are hashed for the replica checks: a hash reads the whole tensor on the host."""
+        return (self.groups.expt_dp if _is_expert_name(name) else self.groups.dp) > 1
+
     def _replica_checks(self, step: int, st: _StepState) -> None:
         """Every DP replica of every param (and every all-reduced LayerWise grad) must be
         identical: this step's param_sync tensors of the test stack, and its grad hashes."""
@@ -491,10 +537,20 @@ class LockstepRunner:
             mode = self.opts.snapshot
             if mode == "all" or (mode == "divergent" and step_div):
                 if self.snapshots is not None:
-                    self.snapshots.submit(step, _snapshot_tensors(st, step_div, mode))
+                    with self.clock.part(step, "snapshot"):
+                        self.snapshots.submit(step, _snapshot_tensors(st, step_div, mode))
             if self.opts.fail_fast and (step_div or any(not c["ok"] for c in res.checks)):
                 self.stopped = True
             del self.states[step]
+
+
+def _peak_memory(device) -> dict:
+    import resource
+
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+    if device.type == "cuda":
+        out["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    return out
 
 
 def _any_rank(flag: bool, device) -> bool:
@@ -544,7 +600,9 @@ def _snapshot_tensors(st: _StepState, step_div, mode) -> dict:
         for ph, d in caps.items():
             for k, v in d.items():
                 if mode == "all" or (str(ph), k) in want:
-                    out[f"{SNAPSHOT_PREFIX[side]}/{ph}/{k}"] = v.detach().to("cpu", copy=True)
+                    # already private CPU copies (snap_test, or ref's clones on a CPU rank; the
+                    # step's state is dropped after this): copied again only off a GPU
+                    out[f"{SNAPSHOT_PREFIX[side]}/{ph}/{k}"] = v.detach().to("cpu")
     return out
 
 

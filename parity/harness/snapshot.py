@@ -212,7 +212,8 @@ def write_snapshot(
         path: the target file; its directory is created if needed. An
             existing file is replaced (atomically).
         tensors: ``{name: tensor}``; any device, any strides, may share
-            storage. Each is copied to its own contiguous CPU tensor.
+            storage. Each that is not a contiguous CPU tensor owning its whole storage is
+            copied to one.
         metadata: ``{str: str}`` stored in the file header.
 
     Returns:
@@ -227,8 +228,18 @@ def write_snapshot(
     md = dict(metadata or {})
     cpu: dict[str, torch.Tensor] = {}
     encoded: dict[str, str] = {}
+    storages: set[int] = set()
     for k, v in tensors.items():
-        c = to_cpu_contiguous(v)
+        c = v.detach()
+        # safetensors needs contiguous CPU tensors that share no memory: copy only those that
+        # are not (a snapshot step can be gigabytes; a needless copy doubles the host memory)
+        ptr = c.untyped_storage().data_ptr() if c.device.type == "cpu" else None
+        owns = (ptr is not None and c.is_contiguous() and c.storage_offset() == 0
+                and c.untyped_storage().nbytes() == c.numel() * c.element_size() and ptr not in storages)
+        if owns:
+            storages.add(ptr)
+        else:
+            c = to_cpu_contiguous(c)
         if not _safetensors_supports(c.dtype):
             int_dtype = _INT_OF_WIDTH.get(c.element_size())
             if int_dtype is None or c.is_complex():

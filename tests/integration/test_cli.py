@@ -56,6 +56,15 @@ def test_clean_run_passes_with_junit(tmp_path):
     assert e["status"] == "pass" and e["first_divergence"] is None and e["compared"] > 0
     assert set(e["compared_by_phase"]) >= {"init", "forward", "grad_local", "grad_reduce", "optimizer", "param_sync"}
     assert "<testsuite" in (tmp_path / "j.xml").read_text()
+    # where the time went: every stack phase of both sides, the harness's share, start-up
+    t = e["timing"]
+    for side in ("test", "ref"):
+        assert set(t["totals"][side]) >= {"forward", "grad_local", "grad_reduce", "optimizer", "param_sync"}
+        assert all(v >= 0 for v in t["totals"][side].values())
+    assert t["totals"]["harness"]["capture_compare"] > 0 and t["start_s"] > 0 and t["build_s"] > 0
+    assert [s["step"] for s in t["per_step"]] == [-1, 0, 1, 2] and t["ranks_averaged"] == 2
+    assert e["memory"]["peak_rss_bytes"] > 0
+    assert "## Where the time went" in (out / "summary.md").read_text()
 
 
 @pytest.mark.slow

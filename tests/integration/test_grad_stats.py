@@ -33,7 +33,7 @@ def _rank(ctx, fp8: bool) -> dict:
     lw = {p for b in stack.layerwise.lw_buffers for p in b.params}
     out = {"steps": []}
 
-    def on_phase(phase, tensors):
+    def on_phase(step, phase, tensors, complete=True):
         if phase != "grad_reduce":
             return
         full = {stack.names[p]: p.main_grad.clone() for p in lw}

@@ -1,0 +1,147 @@
+"""Where a rank's time goes: the stacks' phases and the harness's own work, step by step.
+
+A stack reports each phase when it has done it, so the wall time from the previous report (or
+from the start of the step) to this one is the stack's work for that phase: forward, backward
+(``grad_local``), reduce (``grad_reduce``), optimizer, gather (``param_sync``; under overlap the
+gather runs inside the next forward, where it is reported). The time spent inside a report is the
+harness's: capture and compare, plus the golden digests and snapshot hand-off it does there. On
+CUDA the clock synchronizes the device at every mark, so queued kernels are charged to the phase
+that launched them (the harness synchronizes there anyway: a comparison reads its result).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+HARNESS_PARTS = ("capture_compare", "golden", "snapshot", "checks", "checkpoint")
+"""Harness work: copy and bit-compare of the reported tensors; golden digests; snapshot copies
+and hand-off to the writer; step closing (replica hashes across ranks, gather checks); saving a
+checkpoint (with the param sync training does before a save)."""
+
+
+class PhaseClock:
+    """Wall-clock accounts of one rank: ``stack[(side, phase)]`` and ``harness[part]``, per step."""
+
+    def __init__(self, device: torch.device):
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.steps: dict[int, dict[str, dict[str, float]]] = {}
+        self._last = None
+        self._inner = 0.0  # sub-parts timed inside the open harness span
+
+    def _now(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    def _add(self, step: int, kind: str, key: str, dt: float) -> None:
+        acc = self.steps.setdefault(step, {"test": defaultdict(float), "ref": defaultdict(float),
+                                           "harness": defaultdict(float)})
+        acc[kind][key] += dt
+
+    def start(self) -> None:
+        """Open the account: the next mark measures from here."""
+        self._last = self._now()
+
+    def stack_reached(self, step: int, side: str, phase: str) -> None:
+        """``side``'s stack reports ``phase``: the time since the last mark was its work."""
+        now = self._now()
+        if self._last is not None:
+            self._add(step, side, phase, now - self._last)
+        self._last = now
+
+    def harness_done(self, step: int, part: str = "capture_compare") -> None:
+        """The harness finished work begun at the last mark (less sub-parts timed inside it)."""
+        now = self._now()
+        if self._last is not None:
+            self._add(step, "harness", part, now - self._last - self._inner)
+        self._inner = 0.0
+        self._last = now
+
+    @contextmanager
+    def part(self, step: int, name: str):
+        """Time a harness sub-part inside an open span (it is taken out of the span's part)."""
+        t0 = self._now()
+        try:
+            yield
+        finally:
+            dt = self._now() - t0
+            self._add(step, "harness", name, dt)
+            self._inner += dt
+
+    def to_dict(self) -> dict:
+        """``{step: {"test"|"ref"|"harness": {key: seconds}}}`` (plain dicts, rounded to µs)."""
+        return {s: {k: {n: round(v, 6) for n, v in d.items()} for k, d in acc.items()}
+                for s, acc in sorted(self.steps.items())}
+
+
+def merge_timing(results: list[dict], start_s: float | None, elapsed_s: float | None = None) -> dict:
+    """A scenario's timing for report.json: the mean over ranks of every account, per step and in
+    total, with the rank start-up (launch to the rank's entry), stack construction, and the rest
+    of the wall time ``elapsed_s`` (construction checks, teardown, the parent's merge)."""
+    ranks = [r for r in results if r.get("timing") is not None]
+    if not ranks:
+        return {}
+    n = len(ranks)
+    seen: dict[int, list[dict]] = {}  # step -> the accounts of the ranks that ran it
+    for r in ranks:
+        for step, acc in r["timing"].items():
+            seen.setdefault(int(step), []).append(acc)
+    per_step: dict[int, dict[str, dict[str, float]]] = {}
+    for step, accs in seen.items():
+        dst = per_step.setdefault(step, {})
+        for acc in accs:
+            for kind, d in acc.items():
+                for key, v in d.items():
+                    dst.setdefault(kind, {})[key] = dst.get(kind, {}).get(key, 0.0) + v / len(accs)
+    totals: dict[str, dict[str, float]] = {}
+    for acc in per_step.values():
+        for kind, d in acc.items():
+            for key, v in d.items():
+                totals.setdefault(kind, {})[key] = totals.get(kind, {}).get(key, 0.0) + v
+
+    def rnd(d):
+        return {k: round(v, 4) for k, v in d.items()}
+
+    accounted = sum(v for d in totals.values() for v in d.values())
+    build_s = sum(r.get("build_s", 0.0) for r in ranks) / n
+    rest = None if elapsed_s is None or start_s is None else elapsed_s - start_s - build_s - accounted
+    return {
+        "start_s": None if start_s is None else round(start_s, 3),
+        "rest_s": None if rest is None else round(rest, 3),
+        "build_s": round(build_s, 3),
+        "totals": {kind: rnd(d) for kind, d in totals.items()},
+        "per_step": [{"step": s, **{kind: rnd(d) for kind, d in acc.items()}} for s, acc in sorted(per_step.items())],
+        "ranks_averaged": n,
+    }
+
+
+PHASE_LABEL = {"init": "init", "forward": "forward", "grad_local": "backward", "grad_reduce": "reduce",
+               "optimizer": "optimizer", "param_sync": "gather"}
+
+
+def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
+    """summary.md lines: where one scenario's time went (seconds, mean over ranks)."""
+    if not timing:
+        return []
+    tot = timing["totals"]
+    steps = max(1, sum(1 for s in timing["per_step"] if s["step"] >= 0))
+    rest = "" if timing.get("rest_s") is None else (f"; the rest (construction checks, teardown, the "
+                                                    f"parent's merge) {timing['rest_s']} s")
+    lines = [f"### {name}", "",
+             f"wall {elapsed_s} s; rank start-up {timing['start_s']} s; both stacks built in "
+             f"{timing['build_s']} s{rest}; {steps} steps (seconds: total, and per step)", "",
+             "| account | ON | OFF | per step ON | per step OFF |", "|---|---|---|---|---|"]
+    for phase, label in PHASE_LABEL.items():
+        on, off = tot.get("test", {}).get(phase), tot.get("ref", {}).get(phase)
+        if on is None and off is None:
+            continue
+        on, off = on or 0.0, off or 0.0
+        lines.append(f"| {label} | {on:.3f} | {off:.3f} | {on / steps:.4f} | {off / steps:.4f} |")
+    for part in HARNESS_PARTS:
+        v = tot.get("harness", {}).get(part)
+        if v is not None:
+            lines.append(f"| harness: {part.replace('_', ' ')} | {v:.3f} | | {v / steps:.4f} | |")
+    return lines + [""]
