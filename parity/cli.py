@@ -348,6 +348,10 @@ def _apply_overrides(s, args, notes: list[str] | None = None):
         notes.append(f"{s.name}: --world {world}: ep {raw['ep']} does not divide it; using ep {changed['ep']}")
     if not changed:
         return s
+    if "steps" in changed and s.lr_decay_style != "constant" and s.lr_decay_steps is None:
+        raw["lr_decay_steps"] = s.steps  # a prefix of the same run (Scenario.prefix)
+        notes.append(f"{s.name}: --steps {changed['steps']}: the {s.lr_decay_style} LR schedule keeps its "
+                     f"{s.steps}-step length")
     raw.update(changed)
     suffix = "+".join(f"{k}={v}" for k, v in changed.items())
     raw["name"] = f"{s.name}[{suffix}]"

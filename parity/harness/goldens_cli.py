@@ -114,11 +114,7 @@ def golden_command(args, resolve) -> int:
 
 
 def _prefix(s, steps):
-    if not steps or steps == s.steps:
-        return s
-    from parity.harness.scenario import make_scenario
-
-    return make_scenario({**s.to_dict(), "name": f"{s.name}[steps={steps}]", "steps": steps}, source=s.source)
+    return s if not steps or steps == s.steps else s.prefix(steps)
 
 
 def _run(s, args):

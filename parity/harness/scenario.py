@@ -130,8 +130,21 @@ class Scenario:
     def optim_config(self) -> OptimConfig:
         return OptimConfig(lr=self.lr, clip_grad=self.clip_grad, lr_decay_style=self.lr_decay_style,
                            lr_warmup_steps=self.lr_warmup_steps, lr_min=self.lr_min,
-                           lr_decay_steps=self.steps if self.lr_decay_steps is None else self.lr_decay_steps,
+                           lr_decay_steps=self.decay_steps,
                            num_distributed_optimizer_instances=self.num_distributed_optimizer_instances)
+
+    @property
+    def decay_steps(self) -> int:
+        """The LR schedule's length: ``lr_decay_steps``, else the scenario's steps."""
+        return self.steps if self.lr_decay_steps is None else self.lr_decay_steps
+
+    def prefix(self, steps: int, name: str | None = None) -> Scenario:
+        """The first ``steps`` steps of this same run: an LR schedule keeps its length (a shorter
+        schedule would train differently from the first step on)."""
+        raw = {**self.to_dict(), "name": name or f"{self.name}[steps={steps}]", "steps": steps}
+        if self.lr_decay_style != "constant":
+            raw["lr_decay_steps"] = self.decay_steps
+        return make_scenario(raw, source=self.source)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]

@@ -14,8 +14,8 @@ SCENARIOS = load_all()
 CI_STEPS = 8
 """The suite checks the first CI_STEPS steps of each golden (a prefix check, to keep the 2-core CI
 run short; the stress set reaches FP8's edges at step 0); `parity golden check` runs them whole.
-Resume scenarios run whole (their checkpoint sits past this prefix), and so do scenarios with an LR
-schedule (its length is the scenario's step count, so a shorter run trains differently)."""
+Resume scenarios run whole (their checkpoint sits past this prefix); an LR schedule keeps its
+length in a prefix (Scenario.prefix)."""
 
 
 def test_scenarios_exist_and_cover_the_matrix():
@@ -36,8 +36,8 @@ def test_scenario_passes(scenario):
     why = goldens_cli.why_not_runnable(scenario)
     if why:
         pytest.skip(why)
-    if scenario.resume_at is None and scenario.lr_decay_style == "constant" and scenario.steps > CI_STEPS:
-        scenario = goldens_cli._prefix(scenario, CI_STEPS)
+    if scenario.resume_at is None and scenario.steps > CI_STEPS:
+        scenario = scenario.prefix(CI_STEPS)
     found = goldens_cli.prepare([scenario], allow_other_platform=True)[scenario.name]
     entry, results = run_scenario(scenario, RunOptions(progress=False, snapshot="none", golden_digests=True))
     assert entry["status"] == "pass", (entry.get("error"), entry.get("first_divergence"),

@@ -48,3 +48,25 @@ def test_schedule_is_a_pure_function_of_the_step():
 def test_optim_config_rejects_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
         OptimConfig(**kw)
+
+
+def test_a_prefix_keeps_the_schedule_length_and_the_golden_identity():
+    """`--steps N` and CI's golden prefix run the first N steps of the same run: a cosine schedule
+    keeps its length (else every lr from step 1 on would differ and the golden prefix could not
+    match), and the prefix identifies the same golden as the full run."""
+    from parity.harness.golden import scenario_config
+    from parity.harness.scenario import make_scenario
+
+    full = make_scenario({"name": "c", "steps": 12, "lr_decay_style": "cosine", "lr_warmup_steps": 2})
+    short = full.prefix(4)
+    assert short.steps == 4 and short.name == "c[steps=4]" and short.decay_steps == 12
+    assert short.optim_config().lr_decay_steps == full.optim_config().lr_decay_steps == 12
+    assert scenario_config(short) == scenario_config(full)
+    # an explicit length stays; a constant LR has no length to keep
+    assert make_scenario({"name": "d", "steps": 12, "lr_decay_style": "cosine", "lr_decay_steps": 20}
+                         ).prefix(4).decay_steps == 20
+    const = make_scenario({"name": "e", "steps": 12})
+    assert const.prefix(4).lr_decay_steps is None and scenario_config(const.prefix(4)) == scenario_config(const)
+    # a different length is a different run: another golden
+    other = make_scenario({"name": "c", "steps": 8, "lr_decay_style": "cosine", "lr_warmup_steps": 2})
+    assert scenario_config(other) != scenario_config(full)

@@ -1,36 +1,33 @@
 """The per-phase clock of a rank and its merge into report.json / summary.md."""
 
-import time
-
 import torch
 
+from parity.harness import timing
 from parity.harness.timing import PhaseClock, merge_timing, timing_md
 
 
-def _spin(s):
-    t = time.perf_counter()
-    while time.perf_counter() - t < s:
-        pass
+def test_clock_charges_stack_phases_and_harness_parts_separately(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
 
+    def spin(s):
+        now[0] += s
 
-def test_clock_charges_stack_phases_and_harness_parts_separately():
     c = PhaseClock(torch.device("cpu"))
     c.start()
-    _spin(0.02)  # the ref stack's forward
+    spin(0.02)  # the ref stack's forward
     c.stack_reached(0, "ref", "forward")
-    _spin(0.01)  # capture and compare, with a golden part inside
+    spin(0.01)  # capture and compare, with a golden part inside
     with c.part(0, "golden"):
-        _spin(0.02)
+        spin(0.02)
     c.harness_done(0)
-    _spin(0.03)  # the test stack's forward
+    spin(0.03)  # the test stack's forward
     c.stack_reached(0, "test", "forward")
     c.harness_done(0)
     d = c.to_dict()[0]
-    assert 0.02 <= d["ref"]["forward"] < 0.03
-    assert 0.03 <= d["test"]["forward"] < 0.045
-    assert 0.02 <= d["harness"]["golden"] < 0.035
-    # the golden part is taken out of the span it ran in
-    assert 0.01 <= d["harness"]["capture_compare"] < 0.02
+    assert d["ref"]["forward"] == 0.02 and d["test"]["forward"] == 0.03
+    assert d["harness"]["golden"] == 0.02
+    assert d["harness"]["capture_compare"] == 0.01  # the golden part is taken out of its span
 
 
 def test_merge_averages_ranks_per_step_and_reports_the_rest():
