@@ -244,17 +244,18 @@ def _torchrun_finish(job, code: int) -> int:
     Returns once every worker knows it, after rank 0 wrote the report."""
     import signal
 
+    # From here the process only agrees on its exit code (bounded by the timeout) and exits; a
+    # SIGTERM from torchrun's agent (another worker of its node returned first and exited) must
+    # not turn this worker's exit code into a signal.
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
     try:
         codes = job.allgather("exit", code, timeout_s=_TORCHRUN_EXIT_WAIT_S)
     except Exception as e:
         print(f"parity: {_one_line(e)}", file=sys.stderr)
         return EXIT_RUNTIME
-    # From here the process only exits; a SIGTERM from torchrun's agent (another worker exited
-    # first) must not turn this worker's exit code into a signal.
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        pass
     if any(c in (EXIT_USAGE, EXIT_RUNTIME) for c in codes):
         return max(codes)
     return codes[0]

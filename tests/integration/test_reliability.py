@@ -94,6 +94,22 @@ def _marked_pids(marker: str) -> list[int]:
     return pids
 
 
+def _rank_pids(marker: str) -> list[int]:
+    """The marked processes the fork server forked: the ranks (the fork server and the resource
+    tracker are the parity process's children, a rank is the fork server's)."""
+    def ppid(p):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return None
+
+    pids = _marked_pids(marker)
+    parents = {p for p in pids if ppid(p) not in pids}  # started by the test: the parity processes
+    helpers = {p for p in pids if ppid(p) in parents}
+    return [p for p in pids if ppid(p) in helpers]
+
+
 def assert_no_orphans(marker: str, within_s: float = 15.0) -> None:
     end = time.monotonic() + within_s
     while _marked_pids(marker) and time.monotonic() < end:
@@ -458,6 +474,10 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
     and no process is left behind."""
     scen, _, pid = golden
     root, manifest = _copy_root(golden, tmp_path)
+    # the same scenario, long enough that a signal sent while its ranks run lands before the end
+    slow = tmp_path / "slow" / "tiny.toml"
+    slow.parent.mkdir()
+    slow.write_text(TINY.replace("steps = 2", "steps = 40"))
     # Make the previous golden differ from what a regen records (in a field checks ignore), so a
     # regen that got to the end would replace it.
     m = json.loads(manifest.read_text())
@@ -468,15 +488,16 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
 
     def regen(sig, when):
         logs = tmp_path / f"log-{sig}-{when}"
+        argv = args if when == "early" else ["golden", "regen", slow, *args[3:]]
         with open(str(logs) + ".out", "w") as so, open(str(logs) + ".err", "w") as se:
-            p = subprocess.Popen(PARITY + [str(a) for a in args], stdout=so, stderr=se, env=_env(marker))
+            p = subprocess.Popen(PARITY + [str(a) for a in argv], stdout=so, stderr=se, env=_env(marker))
             if when == "early":
                 time.sleep(0.3)
-            else:  # while the ranks run: parent plus two ranks alive
+            else:  # while the ranks run: both ranks forked
                 end = time.monotonic() + 120
-                while len(_marked_pids(marker)) < 3 and p.poll() is None and time.monotonic() < end:
+                while len(_rank_pids(marker)) < 2 and p.poll() is None and time.monotonic() < end:
                     time.sleep(0.1)
-                time.sleep(1.0)
+                time.sleep(0.5)
             assert p.poll() is None, "regen finished before it could be interrupted"
             p.send_signal(sig)
             rc = p.wait(timeout=60)
