@@ -267,10 +267,10 @@ def summary_md(entries) -> str:
             if mem:
                 lines.append("peak memory (largest rank): " + ", ".join(
                     f"{k.replace('_bytes', '').replace('_', ' ')} {v / 2**20:.0f} MiB" for k, v in mem.items()))
-            if io:
+            if io.get("bytes"):
                 lines.append(f"snapshots: {io['bytes'] / 1e6:.1f} MB written in {io['write_s']} s by the "
                              f"slowest writer ({io['mb_per_s']} MB/s)")
-            if mem or io:
+            if mem or io.get("bytes"):
                 lines.append("")
     return "\n".join(lines) + "\n"
 
