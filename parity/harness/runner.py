@@ -221,6 +221,7 @@ class LockstepRunner:
             )
 
             start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
+            self.clock.harness_done(start, "checkpoint")  # the load, not the first step's forward
         for step in range(start, steps):
             self._run_step(step)
             if self.opts.fail_fast and _any_rank(self.stopped, self.device):

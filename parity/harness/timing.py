@@ -130,8 +130,10 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
     steps = max(1, sum(1 for s in timing["per_step"] if s["step"] >= 0))
     rest = "" if timing.get("rest_s") is None else (f"; the rest (construction checks, teardown, the "
                                                     f"parent's merge) {timing['rest_s']} s")
+    # (not measured under torchrun, which started the ranks, or over a resume's two launches)
+    start = "not measured" if timing["start_s"] is None else f"{timing['start_s']} s"
     lines = [f"### {name}", "",
-             f"wall {elapsed_s} s; rank start-up {timing['start_s']} s; both stacks built in "
+             f"wall {elapsed_s} s; rank start-up {start}; both stacks built in "
              f"{timing['build_s']} s{rest}; {steps} steps (seconds: total, and per step)", "",
              "| account | ON | OFF | per step ON | per step OFF |", "|---|---|---|---|---|"]
     for phase, label in PHASE_LABEL.items():
