@@ -100,11 +100,11 @@ class RankResult:
     snapshots: list = field(default_factory=list)
     build_s: float = 0.0
     timing: dict | None = None
+    """step -> {"test"|"ref"|"harness": {phase or part: seconds}} (parity/harness/timing.py)."""
     memory: dict = field(default_factory=dict)
     """Peak host RSS of this rank and, on CUDA, peak device memory allocated (bytes)."""
     snapshot_io: dict = field(default_factory=dict)
     """Bytes of snapshot files this rank wrote and the writer thread's seconds writing them."""
-    """step -> {"test"|"ref"|"harness": {phase or part: seconds}} (parity/harness/timing.py)."""
     resume: dict | None = None
     """What loading the checkpoint did (resumed launches)."""
     checkpoint: dict | None = None
@@ -216,9 +216,8 @@ class LockstepRunner:
         self._compare_init()
         start, steps = 0, self.scenario.steps
         if self.opts.load_from:  # resume: both sides from a checkpoint (parity/harness/resume.py)
-            from parity.harness.resume import (
-                resume_pair,  # (DCP is imported only by runs that need it)
-            )
+            # (here, not at the top: only runs that need it import torch.distributed.checkpoint)
+            from parity.harness.resume import resume_pair
 
             start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
             self.clock.harness_done(start, "checkpoint")  # the load, not the first step's forward
