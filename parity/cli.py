@@ -349,10 +349,10 @@ def _apply_overrides(s, args, notes: list[str] | None = None):
         notes.append(f"{s.name}: --world {world}: ep {raw['ep']} does not divide it; using ep {changed['ep']}")
     if not changed:
         return s
-    if "steps" in changed and s.lr_decay_style != "constant" and s.lr_decay_steps is None:
-        raw["lr_decay_steps"] = s.steps  # a prefix of the same run (Scenario.prefix)
+    if "steps" in changed and s.schedule_pin():  # the first steps of the same run (Scenario.prefix)
+        raw.update(s.schedule_pin())
         notes.append(f"{s.name}: --steps {changed['steps']}: the {s.lr_decay_style} LR schedule keeps its "
-                     f"{s.steps}-step length")
+                     f"{s.decay_steps}-step length")
     raw.update(changed)
     suffix = "+".join(f"{k}={v}" for k, v in changed.items())
     raw["name"] = f"{s.name}[{suffix}]"
@@ -446,7 +446,7 @@ def _print_entry(e, quiet):
         if fd.get("against") == "uninterrupted":
             how = f"side {fd.get('side')} after the resume != the uninterrupted run"
         else:
-            n = f"{fd['n_diff']} element{'s' if fd['n_diff'] != 1 else ''} differ{'s' if fd['n_diff'] == 1 else ''}"
+            n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
             # raw FP8 bytes have no ULP distance: their byte count is the measure
             how = n if fd["max_ulp"] is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
             how += ", loaded != saved" if fd.get("against") == "saved" else ""

@@ -138,12 +138,15 @@ class Scenario:
         """The LR schedule's length: ``lr_decay_steps``, else the scenario's steps."""
         return self.steps if self.lr_decay_steps is None else self.lr_decay_steps
 
-    def prefix(self, steps: int, name: str | None = None) -> Scenario:
-        """The first ``steps`` steps of this same run: an LR schedule keeps its length (a shorter
+    def schedule_pin(self) -> dict:
+        """The settings that keep this run's LR schedule when its step count changes (a shorter
         schedule would train differently from the first step on)."""
-        raw = {**self.to_dict(), "name": name or f"{self.name}[steps={steps}]", "steps": steps}
-        if self.lr_decay_style != "constant":
-            raw["lr_decay_steps"] = self.decay_steps
+        return {"lr_decay_steps": self.decay_steps} if self.lr_decay_style != "constant" else {}
+
+    def prefix(self, steps: int, name: str | None = None) -> Scenario:
+        """The first ``steps`` steps of this same run."""
+        raw = {**self.to_dict(), "name": name or f"{self.name}[steps={steps}]", "steps": steps,
+               **self.schedule_pin()}
         return make_scenario(raw, source=self.source)
 
     def fingerprint(self) -> str:
