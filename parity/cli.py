@@ -241,7 +241,8 @@ def _torchrun_start(args, argv):
 def _torchrun_finish(job, code: int) -> int:
     """The job's exit code, the same on every worker: rank 0's verdict (it alone saw every rank's
     results and the goldens), unless some worker ended with a usage or runtime error of its own.
-    Returns once every worker knows it, after rank 0 wrote the report."""
+    Once every worker knows it (rank 0 wrote the report before), the process exits with it here;
+    returns only when the agreement itself fails (a runtime failure)."""
     import signal
 
     # From here the process only agrees on its exit code (bounded by the timeout) and exits; a
@@ -256,9 +257,17 @@ def _torchrun_finish(job, code: int) -> int:
     except Exception as e:
         print(f"parity: {_one_line(e)}", file=sys.stderr)
         return EXIT_RUNTIME
-    if any(c in (EXIT_USAGE, EXIT_RUNTIME) for c in codes):
-        return max(codes)
-    return codes[0]
+    final = max(codes) if any(c in (EXIT_USAGE, EXIT_RUNTIME) for c in codes) else codes[0]
+    # Every worker knows the verdict and rank 0 wrote the report: leave now, all together, without
+    # the interpreter's teardown (it can take a second under load, and the agent that serves the
+    # rendezvous store ends with its own workers: another node's agent still watching workers in
+    # teardown then loses the store before it reports their exit codes).
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(final)
 
 
 def _load_file(path: str):

@@ -100,6 +100,19 @@ class Agents:
                 codes[int(rank)] = int(code)
         return codes
 
+    def assert_every_worker_exited_with(self, code: int) -> None:
+        """Every worker torchrun reports exited with ``code``, and every agent reported its workers,
+        except an agent that lost the rendezvous store: the agent serving it ends when its own
+        workers end, and another agent still watching its workers then fails in torchrun itself,
+        before printing their codes (a race between two torchrun agents, not in parity)."""
+        pattern = r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)"
+        per_agent = [dict(re.findall(pattern, out)) for out in self.outputs]
+        assert all(set(c.values()) <= {str(code)} for c in per_agent), self.text()
+        lost = [not c and "RendezvousConnectionError" in out for c, out in zip(per_agent, self.outputs)]
+        assert not all(lost), self.text()  # the agent serving the store always reports
+        for c, gone in zip(per_agent, lost):
+            assert gone or len(c) == 2, self.text()  # --nproc-per-node 2
+
     def text(self) -> str:
         return "\n".join(f"--- agent {n} (exit {rc})\n{out[-6000:]}"
                          for n, (rc, out) in enumerate(zip(self.returncodes, self.outputs)))
@@ -191,7 +204,7 @@ def test_aggregated_report_and_goldens_match_the_built_in_launcher(tmp_path, tin
     assert bi.returncode == 1, bi.stdout + bi.stderr
     # torchrun exits 1 when a worker fails; every worker exited with parity's code for a mismatch.
     assert tr.returncodes == [1, 1], tr.text()
-    assert tr.worker_exit_codes() == {0: 1, 1: 1, 2: 1, 3: 1}, tr.text()
+    tr.assert_every_worker_exited_with(1)
 
     t, b = _entry(tr_out), _entry(bi_out)
     assert t["compared"] == b["compared"] > 0
@@ -235,7 +248,7 @@ def test_rank_failure_ends_the_job_with_exit_3(tmp_path, tiny4, inject, rank, ki
     t0 = time.time()
     agents = run_agents("run", tiny4, "--steps", "2", "--inject", inject, "--timeout", timeout_s, "--out", out)
     assert agents.returncodes == [1, 1], agents.text()
-    assert agents.worker_exit_codes() == {0: 3, 1: 3, 2: 3, 3: 3}, agents.text()
+    agents.assert_every_worker_exited_with(3)
     assert not _worker_tracebacks(agents), agents.text()
     e = _entry(out)
     assert json.loads((out / "report.json").read_text())["status"] == "error"
