@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     except ValueError:  # not the main thread (main() called from a test or an embedding program)
         previous_sigterm, restore = None, False
     job, stdout = None, sys.stdout
-    if args.cmd in ("run", "golden", "selftest"):
+    if args.cmd in ("run", "selftest") or (args.cmd == "golden" and args.action in ("check", "regen")):
         from parity.harness.forkserver import start_early
 
         start_early()  # its torch import runs beside ours
@@ -451,13 +451,11 @@ def _print_entry(e, quiet):
     line += ")"
     print(line, flush=True)
     if fd:
-        from parity.harness.report import fmt_ulp
+        from parity.harness.report import fmt_divergence
         if fd.get("against") == "uninterrupted":
             how = f"side {fd.get('side')} after the resume != the uninterrupted run"
         else:
-            n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
-            # raw FP8 bytes have no ULP distance: their byte count is the measure
-            how = n if fd["max_ulp"] is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
+            how = fmt_divergence(fd)
             how += ", loaded != saved" if fd.get("against") == "saved" else ""
         print(f"  first divergence: step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} ({how})")
     if e.get("resume"):

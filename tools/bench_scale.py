@@ -76,7 +76,7 @@ def row(size: str, e: dict) -> dict:
     off = sum(v for k, v in tot["ref"].items() if k != "init")
     harness = sum(tot.get("harness", {}).values())
     return {
-        "size": size, "params": sum(b["numel"] for b in e["buffers"]), "steps": steps,
+        "size": size, "params": sum(b["numel_unpadded"] for b in e["buffers"]), "steps": steps,
         "step_s_on": round(on / steps, 4), "step_s_off": round(off / steps, 4),
         "on_off_ratio": round(on / off, 4),
         "harness_s_per_step": round(harness / steps, 4),

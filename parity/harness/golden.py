@@ -80,9 +80,7 @@ def scenario_config(scenario) -> dict[str, Any]:
     name, the step count and the stored steps (so a new field at its default changes nothing)."""
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 for f in dataclasses.fields(scenario)}
-    d = scenario.to_dict()
-    if d["lr_decay_style"] != "constant":  # the schedule's length is trained, whether set or implied
-        d["lr_decay_steps"] = scenario.decay_steps
+    d = {**scenario.to_dict(), **scenario.schedule_pin()}  # a schedule's length, set or implied
     return {k: v for k, v in d.items() if k not in _EXCLUDED and v != defaults.get(k)}
 
 

@@ -96,6 +96,13 @@ def _snapshot_io(results: list[dict]) -> dict:
             "mb_per_s": round(total / 1e6 / slowest, 1) if slowest > 0 else None}
 
 
+def fmt_divergence(fd: dict) -> str:
+    """How a first divergence differs: "max 1 ULP, 1 element differs" (raw FP8 bytes and integer
+    tensors have no ULP distance: only the count)."""
+    n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
+    return n if fd.get("max_ulp") is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
+
+
 def fmt_ulp(v) -> str:
     """A max-ULP value for people: a NaN difference (no distance) reads "NaN"."""
     from parity.harness.compare import ULP_NAN, ULP_SATURATED
@@ -240,9 +247,8 @@ def summary_md(entries) -> str:
              "|---|---|---|---|---|---|"]
     for e in entries:
         fd = e.get("first_divergence")
-        ulp = "" if not fd or fd["max_ulp"] is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, "
         fds = (f"step {fd['step']} / {fd['phase']} / {fd['tensor']} / rank {fd['rank']} "
-               f"({ulp}{fd['n_diff']} elements)") if fd else "-"
+               f"({fmt_divergence(fd)})") if fd else "-"
         if e["status"] == "error":
             fds = e.get("error", "")
         elif not fd and e.get("n_failed_checks"):
