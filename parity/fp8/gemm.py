@@ -139,8 +139,19 @@ def _fma32(t: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _mul32(p: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """RN32(p * s): the float64 product of two fp32 values is exact, so one rounding."""
-    return (p.double() * s.double()).to(torch.float32)
+    """RN32(p * s): IEEE fp32 multiplication is one correct rounding of the exact product
+    (gradual underflow included; torch leaves flush-to-zero off)."""
+    return p * s
+
+
+def _fma32_zero(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """fma32(t, s, +0), the first K block's step, without float64.
+
+    That is RN32(t*s), but a product that is exactly zero gives +0 (the sum -0 + +0), while a
+    nonzero product that rounds to zero keeps its sign, as in ``_fma32``."""
+    prod = t * s
+    exact_zero = (t == 0) | (s == 0)
+    return torch.where(exact_zero & (prod == 0), 0.0, prod)
 
 
 # Exactness of the per-block dot products in float64.
@@ -173,6 +184,20 @@ def _check_exact_bits(a_fp8: str, b_fp8: str, block_len: int):
         raise ValueError(f"block_len {block_len} too large for an exact float64 block dot product")
 
 
+_F64_TABLES: dict = {}
+
+
+def _as_float64(codes: torch.Tensor, fp8: str) -> torch.Tensor:
+    """The float64 values of fp8 codes, by table lookup: the same bits as ``.view(fp8).to(float64)``
+    (the table is made that way), about 3x faster on CPU than torch's element-wise fp8 cast."""
+    key = (fp8, codes.device)
+    table = _F64_TABLES.get(key)
+    if table is None:
+        table = torch.arange(256, dtype=torch.uint8, device=codes.device)
+        table = _F64_TABLES[key] = table.view(FP8_TORCH_DTYPE[fp8]).to(torch.float64)
+    return table.take(codes.long())
+
+
 def _block_dots(a: Operand, b: Operand, kb0: int, kb1: int) -> torch.Tensor:
     """p[kb, m, n] = RN32(exact sum over K block kb of a[m, k] * b[n, k]) for kb in [kb0, kb1)."""
     blk = a.block_len
@@ -181,7 +206,7 @@ def _block_dots(a: Operand, b: Operand, kb0: int, kb1: int) -> torch.Tensor:
     nb = kb1 - kb0
 
     def blocks(op: Operand, transpose: bool):
-        v = op.data[:, k0:k1].view(FP8_TORCH_DTYPE[op.fp8_dtype]).to(torch.float64)
+        v = _as_float64(op.data[:, k0:k1], op.fp8_dtype)
         if k1 - k0 != nb * blk:
             v = torch.nn.functional.pad(v, (0, nb * blk - (k1 - k0)))
         v = v.view(v.shape[0], nb, blk)
@@ -212,18 +237,15 @@ def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, 
     Returns fp32 ``y`` when ``out_dtype`` is None, else ``y.to(out_dtype)``. Public so the
     epilogue can be checked against hardware-computed partials on a GPU.
     """
-    M, N = a.data.shape[0], b.data.shape[0]
-    if y is None:
-        y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
     product_rule = _scale_product_rule(a, b)
     for i in range(partials.shape[0]):
         kb = kb0 + i
         sa = a.scale_inv[:, kb : kb + 1]       # [M, 1]
         sb = b.scale_inv[:, kb].unsqueeze(0)   # [1, N]
-        if product_rule:
-            y = _fma32(partials[i], _mul32(sa, sb), y)
-        else:
-            y = _fma32(_mul32(partials[i], sa), sb, y)
+        t, s = (partials[i], _mul32(sa, sb)) if product_rule else (_mul32(partials[i], sa), sb)
+        y = _fma32_zero(t, s) if y is None else _fma32(t, s, y)
+    if y is None:  # no K block at all
+        y = torch.zeros(a.data.shape[0], b.data.shape[0], dtype=torch.float32, device=a.data.device)
     return y if out_dtype is None else y.to(out_dtype)
 
 
@@ -232,13 +254,15 @@ def _emulated(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     M = a.data.shape[0]
     N = b.data.shape[0]
     Kb = a.scale_inv.shape[1]
-    y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
+    y = None  # +0
     # bound the float64 workspace (pieces x chunk x M x N) to ~64 MiB
     pieces = len(_PIECE_BITS[a.fp8_dtype]) * len(_PIECE_BITS[b.fp8_dtype])
     chunk = max(1, (64 << 20) // max(1, 8 * pieces * M * N))
     for c0 in range(0, Kb, chunk):  # fixed, increasing K order
         c1 = min(Kb, c0 + chunk)
         y = accumulate_blocks(_block_dots(a, b, c0, c1), a, b, None, kb0=c0, y=y)
+    if y is None:  # K == 0
+        return torch.zeros(M, N, dtype=out_dtype, device=a.data.device)
     return y.to(out_dtype)
 
 

@@ -296,3 +296,26 @@ def test_scaled_mm_vs_model(ka, kb, out_dtype, mnk, pow2):
     B = b.data.view(torch.float8_e4m3fn).double() * b.scale_inv.double().repeat_interleave(128, 1)[:, :K]
     bound = (A.abs() @ B.abs().t()) * 2.0 ** -6 + 1e-30
     assert torch.all((y.double() - e.double()).abs() <= bound)
+
+
+def test_first_block_step_equals_the_float64_fma():
+    """The first K block's fma against +0 is done in fp32 (``_fma32_zero``); it must give the bits
+    of the general float64 fma on every edge: signed zeros, products that underflow to -0 or +0
+    (nonzero: they keep their sign), subnormal products, overflow, inf * 0 and NaN. A NaN's sign
+    and payload are not part of the model (IEEE 754 leaves them open; x86 makes inf * 0 negative in
+    fp32, the float64 path's nextafter positive): NaN positions must agree, every other bit too."""
+    from parity.fp8.gemm import _fma32, _fma32_zero
+
+    edge = [0.0, -0.0, 1.0, -1.0, 2.0 ** -126, -(2.0 ** -149), 2.0 ** -149, 3.0 * 2.0 ** -140,
+            2.0 ** -70, -(2.0 ** -80), 2.0 ** 100, -(2.0 ** 127), 3.4e38, float("inf"),
+            -float("inf"), float("nan"), 1.0 + 2.0 ** -23, 0.75]
+    g = torch.Generator().manual_seed(3)
+    rand = (torch.randn(64, generator=g) * torch.exp2(torch.randint(-140, 120, (64,), generator=g).float()))
+    t = torch.cat([torch.tensor(edge, dtype=F32), rand]).unsqueeze(1)   # [R, 1]
+    s = torch.cat([torch.tensor(edge, dtype=F32), rand]).unsqueeze(0)   # [1, R]
+    got = _fma32_zero(t, s)
+    want = _fma32(t, s, torch.zeros(t.shape[0], s.shape[1], dtype=F32))
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    keep = ~got.isnan()
+    assert torch.equal(bits(got)[keep], bits(want)[keep])
+    assert (bits(got) == bits(torch.tensor(-0.0))).any()  # an underflowed negative product kept -0
