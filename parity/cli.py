@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-nondeterministic", action="store_true",
                    help="run even if the determinism environment contradicts the contract")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--profile", choices=("cpu", "wall"),
+                   help="cProfile every rank into OUT/profile/<scenario>/rank<r>.prof (read with "
+                   "`python -m pstats FILE`): cpu = the rank's own CPU time, wall = waits included")
     r.add_argument("--resume-at", type=_positive_int, metavar="K",
                    help="checkpoint after K steps, resume in new ranks, compare the rest with the uninterrupted run")
     r.add_argument("--resume-world", type=_positive_int, metavar="W", help="with --resume-at: resume at world W")
@@ -407,7 +410,7 @@ def cmd_run(args, argv) -> int:
         found = prepare(scenarios, args.goldens, allow_other_platform=args.allow_other_platform)
     opts = RunOptions(injections=injections, snapshot=args.snapshot, out_dir=out,
                       fail_fast=args.fail_fast, golden_digests=args.golden != "off",
-                      progress=not args.quiet)
+                      progress=not args.quiet, profile=args.profile)
     entries = []
     for s in scenarios:
         if not args.quiet:

@@ -19,6 +19,7 @@ from parity.harness.errors import ConfigError
 from parity.harness.launch import LaunchConfig, RankFailure, launch, torchrun_job, under_torchrun
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
+from parity.harness.timing import profiled, rank_cpu, start_parts
 
 _SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
 
@@ -75,9 +76,12 @@ def _progress_rank_main(ctx, scenario, opts):
     runner.HEARTBEAT = beat
     beat(-1, "build")
     threading.Thread(target=watch, name="parity-progress-watch", daemon=True).start()
-    res = rank_main(ctx, scenario, opts)
+    with profiled(opts.profile_path(scenario.name, ctx.rank), opts.profile):
+        res = rank_main(ctx, scenario, opts)
+    res["cpu"] = rank_cpu()
     res["host"] = state["host"]  # where this rank's snapshot files are (OUT may be per node)
     res["entered_at"] = entered_at  # the parent's launch time to this: rank start-up
+    res["started"] = dict(ctx.started)
     return res
 
 
@@ -87,9 +91,11 @@ def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: 
                         device=scenario.device, timeout_s=timeout_s,
                         deadline_s=max(600.0, 60.0 * scenario.steps), grace_s=3.0,
                         allow_nondeterministic=allow_nondeterministic,
-                        # CPU ranks fork from a server that imported torch once (seconds saved per
-                        # launch); CUDA ranks are spawned fresh so no CUDA state is ever forked.
-                        start_method="spawn" if cuda else "forkserver")
+                        # Ranks fork from a server that imported torch and the stack once (seconds
+                        # saved per launch; on CUDA also the loading of torch's CUDA libraries). The
+                        # server never touches CUDA, so no CUDA state is forked: torch refuses CUDA
+                        # in a child forked after CUDA was initialized.
+                        start_method="forkserver")
 
 
 def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.0,
@@ -117,6 +123,8 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
         return rep.error_entry(scenario, msg, time.perf_counter() - t0, failure), []
     if not under_torchrun():
         start_s = max(r["entered_at"] for r in results) - launched_at if results else None
+        for r in results:
+            r["start_parts"] = start_parts(launched_at, r.get("started", {}), r["entered_at"])
         return rep.merge_ranks(scenario, results, time.perf_counter() - t0, start_s), results
     job = torchrun_job()  # (torchrun started the ranks before us: no start-up time to report)
     entry = rep.merge_ranks(scenario, results, time.perf_counter() - t0) if job.rank == 0 else None

@@ -173,6 +173,10 @@ class RankContext:
     """What :func:`~parity.distributed.determinism.apply_determinism` applied in this rank."""
     status_store: Any = field(default=None, repr=False, compare=False)
     """A client of the launcher's store (its own connection) that :meth:`post_status` writes to."""
+    started: dict[str, float] = field(default_factory=dict)
+    """Wall-clock marks of this rank's start (``time.time()``): ``entry`` (the launcher's code
+    reached: interpreter and imports done), ``device`` (device chosen; on CUDA the context exists),
+    ``group`` (process group initialized: every rank has joined). Empty under torchrun."""
 
     def post_status(self, status: dict[str, Any]) -> None:
         """Publish this rank's latest status (a small JSON-serialisable dict), replacing the last.
@@ -641,6 +645,7 @@ def _rank_main(
     std_fds: tuple[int, int],
 ) -> None:
     """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
+    started = {"entry": time.time()}
     rank, world_size = plan.rank, plan.world_size
     _die_with_parent(conn, parent_pid)
     _adopt_std_streams(*std_fds)
@@ -665,6 +670,9 @@ def _rank_main(
         )
         fn, args = pickle.loads(payload)
         device = _rank_device(cfg, plan.local_rank, plan.local_world_size)
+        if device.type == "cuda":
+            torch.empty(0, device=device)  # the CUDA context now, so that "device" times it
+        started["device"] = time.time()
         timeout = timedelta(seconds=cfg.timeout_s)
 
         def client() -> Any:
@@ -672,13 +680,14 @@ def _rank_main(
 
         store = dist.PrefixStore(f"{plan.store_prefix}/pg", client())
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        started["group"] = time.time()
         conn.send_bytes(pickle.dumps(("ready", None)))
         ctx = RankContext(
             rank=rank, world_size=world_size, local_rank=plan.local_rank,
             local_world_size=plan.local_world_size, device=device, backend=cfg.backend,
             launcher=plan.launcher, determinism=applied,
             # Its own connection: a status posted from a thread never shares a socket with the group.
-            status_store=dist.PrefixStore(plan.store_prefix, client()),
+            status_store=dist.PrefixStore(plan.store_prefix, client()), started=started,
         )
         result = fn(ctx, *args)
         if plan.gather:

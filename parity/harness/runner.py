@@ -73,6 +73,14 @@ class RunOptions:
     """Right after the load, checkpoint both sides again here (the resharded-load check)."""
     digests_from: int | None = None
     """Record the sha256 of every tensor of both sides from this step on (resume comparison)."""
+    profile: str | None = None
+    """'cpu' or 'wall' (timing.PROFILE_CLOCKS): cProfile every rank into
+    OUT/profile/<scenario>/rank<r>.prof; None: no profile."""
+
+    def profile_path(self, scenario: str, rank: int) -> str | None:
+        if self.profile is None:
+            return None
+        return os.path.join(self.out_dir or ".", "profile", scenario, f"rank{rank}.prof")
 
 
 @dataclass

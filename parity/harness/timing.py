@@ -11,6 +11,7 @@ that launched them (the harness synchronizes there anyway: a comparison reads it
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -77,6 +78,57 @@ class PhaseClock:
                 for s, acc in sorted(self.steps.items())}
 
 
+def rank_cpu() -> dict | None:
+    """This process's CPU time and context switches so far (None where ``resource`` is missing).
+
+    With more ranks than CPUs the wall time of a phase includes the time a rank waited for a CPU;
+    the CPU time says how much work the rank itself did."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user_s": ru.ru_utime, "system_s": ru.ru_stime,
+            "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw}
+
+
+PROFILE_CLOCKS = ("cpu", "wall")
+"""``--profile`` clocks: the main thread's CPU time (what the rank computes, not counting waits for
+a CPU or a peer) or wall time (waits included: collectives, CUDA synchronization)."""
+
+
+@contextmanager
+def profiled(path: str | None, clock: str = "cpu"):
+    """cProfile the block into ``path`` (a pstats file: ``python -m pstats PATH``); no-op when None."""
+    if path is None:
+        yield
+        return
+    import cProfile
+
+    prof = cProfile.Profile(time.thread_time if clock == "cpu" else time.perf_counter)
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        prof.dump_stats(path)
+
+
+START_PARTS = ("process", "device", "process_group", "handoff")
+"""A rank's start-up, launch to its entry point: the process and its imports (``process``), the
+device (on CUDA: creating the context), joining the process group (it waits for the slowest
+rank), and the launcher's hand-off to the rank's code."""
+
+
+def start_parts(launched_at: float, marks: dict, entered_at: float) -> dict | None:
+    """Seconds of each START_PARTS from the launch time and the rank's wall-clock marks."""
+    if not {"entry", "device", "group"} <= set(marks):
+        return None
+    edges = [launched_at, marks["entry"], marks["device"], marks["group"], entered_at]
+    return {part: round(b - a, 3) for part, a, b in zip(START_PARTS, edges, edges[1:])}
+
+
 def merge_timing(results: list[dict], start_s: float | None, elapsed_s: float | None = None) -> dict:
     """A scenario's timing for report.json: the mean over ranks of every account, per step and in
     total, with the rank start-up (launch to the rank's entry), stack construction, and the rest
@@ -107,14 +159,22 @@ def merge_timing(results: list[dict], start_s: float | None, elapsed_s: float | 
 
     accounted = sum(v for d in totals.values() for v in d.values())
     build_s = sum(r.get("build_s", 0.0) for r in ranks) / n
+    parts = [r["start_parts"] for r in ranks if r.get("start_parts")]
+    start_split = None if not parts else {p: round(sum(x[p] for x in parts) / len(parts), 3) for p in START_PARTS}
+    cpus = [r["cpu"] for r in ranks if r.get("cpu")]
+    cpu = None if not cpus else {
+        **{k: round(sum(c[k] for c in cpus) / len(cpus), 3) for k in cpus[0]},
+        "ranks": len(results), "host_cpus": os.cpu_count()}
     rest = None if elapsed_s is None or start_s is None else elapsed_s - start_s - build_s - accounted
     return {
         "start_s": None if start_s is None else round(start_s, 3),
+        "start_parts": start_split,
         "rest_s": None if rest is None else round(rest, 3),
         "build_s": round(build_s, 3),
         "totals": {kind: rnd(d) for kind, d in totals.items()},
         "per_step": [{"step": s, **{kind: rnd(d) for kind, d in acc.items()}} for s, acc in sorted(per_step.items())],
         "ranks_averaged": n,
+        "cpu": cpu,
     }
 
 
@@ -132,6 +192,9 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
                                                     f"parent's merge) {timing['rest_s']} s")
     # (not measured under torchrun, which started the ranks, or over a resume's two launches)
     start = "not measured" if timing["start_s"] is None else f"{timing['start_s']} s"
+    split = timing.get("start_parts")
+    if split:
+        start += " (" + ", ".join(f"{p.replace('_', ' ')} {v}" for p, v in split.items()) + ")"
     lines = [f"### {name}", "",
              f"wall {elapsed_s} s; rank start-up {start}; both stacks built in "
              f"{timing['build_s']} s{rest}; {steps} steps (seconds: total, and per step)", "",
@@ -146,4 +209,9 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
         v = tot.get("harness", {}).get(part)
         if v is not None:
             lines.append(f"| harness: {part.replace('_', ' ')} | {v:.3f} | | {v / steps:.4f} | |")
+    cpu = timing.get("cpu")
+    if cpu:
+        lines += ["", f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
+                  f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
+                  f"involuntary context switches; {cpu['ranks']} ranks, {cpu['host_cpus']} CPUs on this host"]
     return lines + [""]

@@ -49,7 +49,7 @@ def test_inject_one_ulp_is_localized(tmp_path):
 def test_clean_run_passes_with_junit(tmp_path):
     out = tmp_path / "o"
     r = parity("run", "--world", "2", "--steps", "3", "--out", str(out), "--junit", str(tmp_path / "j.xml"),
-               "--quiet")
+               "--quiet", "--profile", "cpu")
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((out / "report.json").read_text())
     (e,) = rep["scenarios"]
@@ -65,6 +65,14 @@ def test_clean_run_passes_with_junit(tmp_path):
     assert [s["step"] for s in t["per_step"]] == [-1, 0, 1, 2] and t["ranks_averaged"] == 2
     assert e["memory"]["peak_rss_bytes"] > 0
     assert "## Where the time went" in (out / "summary.md").read_text()
+    assert t["cpu"]["user_s"] > 0 and t["cpu"]["ranks"] == 2  # the ranks' own CPU time
+    assert set(t["start_parts"]) == {"process", "device", "process_group", "handoff"}
+    assert all(v >= 0 for v in t["start_parts"].values())
+    import pstats  # --profile cpu: one cProfile per rank, with the stack's frames in it
+
+    for rank in (0, 1):
+        stats = pstats.Stats(str(out / "profile" / e["name"] / f"rank{rank}.prof")).stats
+        assert any(fn == "fp8_gemm" for (_, _, fn) in stats)
 
 
 @pytest.mark.slow

@@ -44,3 +44,36 @@ def test_merge_averages_ranks_per_step_and_reports_the_rest():
     assert "| forward | 3.000 | 2.000 | 3.0000 | 2.0000 |" in md  # one step (step -1 is not a step)
     assert "| harness: capture compare | 1.000 |" in md
     assert merge_timing([{"rank": 0}], None) == {}
+
+
+def test_merge_reports_rank_cpu_time():
+    cpu = {"user_s": 2.0, "system_s": 0.5, "voluntary_switches": 10, "involuntary_switches": 4}
+    r0 = {"timing": {0: {"test": {"forward": 1.0}}}, "cpu": cpu}
+    r1 = {"timing": {0: {"test": {"forward": 1.0}}}, "cpu": {k: 3 * v for k, v in cpu.items()}}
+    t = merge_timing([r0, r1], start_s=None)
+    assert t["cpu"]["user_s"] == 4.0 and t["cpu"]["system_s"] == 1.0 and t["cpu"]["ranks"] == 2
+    assert "CPU time per rank (mean): user 4.0 s, system 1.0 s" in "\n".join(timing_md("s", t, 3.0))
+
+
+def test_rank_cpu_counts_this_process_work(tmp_path):
+    before = timing.rank_cpu()
+    with timing.profiled(str(tmp_path / "p" / "rank0.prof"), "cpu"):
+        x = sum(i * i for i in range(300_000))
+    after = timing.rank_cpu()
+    assert x > 0 and after["user_s"] + after["system_s"] > before["user_s"] + before["system_s"]
+    import pstats
+
+    names = {fn for (_, _, fn) in pstats.Stats(str(tmp_path / "p" / "rank0.prof")).stats}
+    assert "<genexpr>" in names  # the profiled block's own frames are in the file
+
+
+def test_start_parts_split_the_launch_to_entry_time():
+    marks = {"entry": 11.0, "device": 11.5, "group": 13.0}
+    assert timing.start_parts(10.0, marks, 13.25) == {"process": 1.0, "device": 0.5, "process_group": 1.5,
+                                                        "handoff": 0.25}
+    assert timing.start_parts(10.0, {}, 13.25) is None  # torchrun: the launcher's marks are not there
+    r = {"timing": {0: {"test": {"forward": 1.0}}}, "start_parts": timing.start_parts(10.0, marks, 13.25)}
+    t = merge_timing([r], start_s=3.25, elapsed_s=5.0)
+    assert t["start_parts"]["device"] == 0.5
+    assert "rank start-up 3.25 s (process 1.0, device 0.5, process group 1.5, handoff 0.25)" in "\n".join(
+        timing_md("s", t, 5.0))
