@@ -171,10 +171,6 @@ def main(argv=None) -> int:
     except ValueError:  # not the main thread (main() called from a test or an embedding program)
         previous_sigterm, restore = None, False
     job, stdout = None, sys.stdout
-    if args.cmd in ("run", "selftest") or (args.cmd == "golden" and args.action in ("check", "regen")):
-        from parity.harness.forkserver import start_early
-
-        start_early()  # its torch import runs beside ours
     try:
         job = _torchrun_start(args, argv)
         if job is not None and job.rank != 0:
@@ -214,14 +210,15 @@ def _torchrun_start(args, argv):
     torchrun will not restart it, that every worker runs the same command (they must make the same
     launches in the same order) and that every node has the same determinism environment and torch
     (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
-    import torch
-
-    from parity.distributed.determinism import DETERMINISM_ENV
-    from parity.harness.errors import ConfigError, UsageError
     from parity.harness.launch import torchrun_job, under_torchrun
 
     if args.cmd not in ("run", "golden") or not under_torchrun():
         return None
+    import torch
+
+    from parity.distributed.determinism import DETERMINISM_ENV
+    from parity.harness.errors import ConfigError, UsageError
+
     job = torchrun_job()
     env = {k: os.environ.get(k) for k in sorted(DETERMINISM_ENV)}
     views = job.allgather("start", {"argv": list(argv), "env": env, "torch": torch.__version__})
@@ -379,6 +376,7 @@ def cmd_run(args, argv) -> int:
     from parity.harness.driver import run_scenario
     from parity.harness.errors import UsageError
     from parity.harness.launch import is_report_writer
+    from parity.harness.forkserver import start_early
     from parity.harness.runner import RunOptions
 
     _check_determinism_env(args.allow_nondeterministic)
@@ -397,6 +395,7 @@ def cmd_run(args, argv) -> int:
         args.golden = "off" if args.resume_from else "check"
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
+    start_early()  # the input is valid: the fork server imports torch beside the checks below
     # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
     platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
                  for dev in dict.fromkeys(s.device for s in scenarios)}
@@ -571,7 +570,10 @@ def cmd_triage(args, argv) -> int:
 
 
 def cmd_selftest(args, argv) -> int:
+    from parity.harness.forkserver import start_early
     from parity.harness.selftest import selftest_command
+
+    start_early()
     return selftest_command(args)
 
 

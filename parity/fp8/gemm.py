@@ -131,9 +131,14 @@ def _fma32(t: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Correctly rounded fp32 fma(t, s, y) for fp32 tensors (broadcasting t*s against y).
 
     t*s is exact in float64 (24+24 significant bits <= 53; fp32 exponents stay far inside float64's
-    range, subnormals included), and TwoSum makes the addition exact as hi + lo.
+    range, subnormals included). Where every product is also an fp32 value (the usual case: the
+    scales are powers of two), the fma is one fp32 addition, which IEEE rounds once (signed zeros
+    included); otherwise TwoSum makes the addition exact as hi + lo, rounded once to fp32.
     """
     prod = t.double() * s.double()
+    prod32 = prod.to(torch.float32)
+    if bool(torch.isfinite(prod32).all()) and torch.equal(prod32.double(), prod):
+        return prod32 + y
     hi, lo = _two_sum(prod, y.double().expand_as(prod))
     return _round_to_f32(hi, lo)
 
@@ -142,16 +147,6 @@ def _mul32(p: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """RN32(p * s): IEEE fp32 multiplication is one correct rounding of the exact product
     (gradual underflow included; torch leaves flush-to-zero off)."""
     return p * s
-
-
-def _fma32_zero(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """fma32(t, s, +0), the first K block's step, without float64.
-
-    That is RN32(t*s), but a product that is exactly zero gives +0 (the sum -0 + +0), while a
-    nonzero product that rounds to zero keeps its sign, as in ``_fma32``."""
-    prod = t * s
-    exact_zero = (t == 0) | (s == 0)
-    return torch.where(exact_zero & (prod == 0), 0.0, prod)
 
 
 # Exactness of the per-block dot products in float64.
@@ -237,15 +232,17 @@ def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, 
     Returns fp32 ``y`` when ``out_dtype`` is None, else ``y.to(out_dtype)``. Public so the
     epilogue can be checked against hardware-computed partials on a GPU.
     """
+    if y is None:
+        y = torch.zeros(a.data.shape[0], b.data.shape[0], dtype=torch.float32, device=a.data.device)
     product_rule = _scale_product_rule(a, b)
     for i in range(partials.shape[0]):
         kb = kb0 + i
         sa = a.scale_inv[:, kb : kb + 1]       # [M, 1]
         sb = b.scale_inv[:, kb].unsqueeze(0)   # [1, N]
-        t, s = (partials[i], _mul32(sa, sb)) if product_rule else (_mul32(partials[i], sa), sb)
-        y = _fma32_zero(t, s) if y is None else _fma32(t, s, y)
-    if y is None:  # no K block at all
-        y = torch.zeros(a.data.shape[0], b.data.shape[0], dtype=torch.float32, device=a.data.device)
+        if product_rule:
+            y = _fma32(partials[i], _mul32(sa, sb), y)
+        else:
+            y = _fma32(_mul32(partials[i], sa), sb, y)
     return y if out_dtype is None else y.to(out_dtype)
 
 
@@ -254,15 +251,13 @@ def _emulated(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     M = a.data.shape[0]
     N = b.data.shape[0]
     Kb = a.scale_inv.shape[1]
-    y = None  # +0
+    y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
     # bound the float64 workspace (pieces x chunk x M x N) to ~64 MiB
     pieces = len(_PIECE_BITS[a.fp8_dtype]) * len(_PIECE_BITS[b.fp8_dtype])
     chunk = max(1, (64 << 20) // max(1, 8 * pieces * M * N))
     for c0 in range(0, Kb, chunk):  # fixed, increasing K order
         c1 = min(Kb, c0 + chunk)
         y = accumulate_blocks(_block_dots(a, b, c0, c1), a, b, None, kb0=c0, y=y)
-    if y is None:  # K == 0
-        return torch.zeros(M, N, dtype=out_dtype, device=a.data.device)
     return y.to(out_dtype)
 
 

@@ -97,6 +97,10 @@ def golden_command(args, resolve) -> int:
             print(f"{s.name}: skipped ({why})")
         else:
             runnable.append(_prefix(s, args.steps) if args.action == "check" else s)
+    if runnable:
+        from parity.harness.forkserver import start_early
+
+        start_early()  # its torch import runs beside the golden checks below
     found = prepare(runnable, root, allow_other_platform=args.action == "check" and args.allow_other_platform) \
         if args.action == "check" else {}
     worst = 0

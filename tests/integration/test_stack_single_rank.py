@@ -25,7 +25,9 @@ def failures(res):
     return res["divergences"], [c for c in res["checks"] if not c["ok"]]
 
 
-@pytest.mark.parametrize("recipe,moe,steps", [("blockwise", False, 30), ("mxfp8", True, 30),
+# Blockwise runs 30 steps: its plain init flips its first weight scale at step 11-13
+# (docs/measurements.md, "Numeric edges"). mxfp8's 1x32 blocks flip from step 0 on, every step.
+@pytest.mark.parametrize("recipe,moe,steps", [("blockwise", False, 30), ("mxfp8", True, 12),
                                               ("blockwise", True, 8), ("mxfp8", False, 8)])
 def test_on_equals_off(single_rank, recipe, moe, steps):
     res = run(single_rank, steps=steps, recipe=recipe, moe=moe)

@@ -298,24 +298,35 @@ def test_scaled_mm_vs_model(ka, kb, out_dtype, mnk, pow2):
     assert torch.all((y.double() - e.double()).abs() <= bound)
 
 
-def test_first_block_step_equals_the_float64_fma():
-    """The first K block's fma against +0 is done in fp32 (``_fma32_zero``); it must give the bits
-    of the general float64 fma on every edge: signed zeros, products that underflow to -0 or +0
-    (nonzero: they keep their sign), subnormal products, overflow, inf * 0 and NaN. A NaN's sign
-    and payload are not part of the model (IEEE 754 leaves them open; x86 makes inf * 0 negative in
-    fp32, the float64 path's nextafter positive): NaN positions must agree, every other bit too."""
-    from parity.fp8.gemm import _fma32, _fma32_zero
+def test_fp32_shortcut_of_the_fma_equals_the_float64_fma():
+    """Where t*s is an fp32 value, ``_fma32`` adds in fp32 instead of going through float64; it
+    must give the bits of the float64 fma on every edge: signed zeros (an exactly zero product plus
+    +0 is +0, a nonzero product that underflows keeps its sign), subnormal and overflowing
+    products, inf * 0, NaN, and non-power-of-two scales (inexact products: the float64 path)."""
+    from parity.fp8.gemm import _fma32, _round_to_f32, _two_sum
+
+    def float64_fma(t, s, y):  # the float64 path alone
+        prod = t.double() * s.double()
+        return _round_to_f32(*_two_sum(prod, y.double().expand_as(prod)))
 
     edge = [0.0, -0.0, 1.0, -1.0, 2.0 ** -126, -(2.0 ** -149), 2.0 ** -149, 3.0 * 2.0 ** -140,
             2.0 ** -70, -(2.0 ** -80), 2.0 ** 100, -(2.0 ** 127), 3.4e38, float("inf"),
             -float("inf"), float("nan"), 1.0 + 2.0 ** -23, 0.75]
     g = torch.Generator().manual_seed(3)
-    rand = (torch.randn(64, generator=g) * torch.exp2(torch.randint(-140, 120, (64,), generator=g).float()))
-    t = torch.cat([torch.tensor(edge, dtype=F32), rand]).unsqueeze(1)   # [R, 1]
-    s = torch.cat([torch.tensor(edge, dtype=F32), rand]).unsqueeze(0)   # [1, R]
-    got = _fma32_zero(t, s)
-    want = _fma32(t, s, torch.zeros(t.shape[0], s.shape[1], dtype=F32))
-    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
-    keep = ~got.isnan()
-    assert torch.equal(bits(got)[keep], bits(want)[keep])
-    assert (bits(got) == bits(torch.tensor(-0.0))).any()  # an underflowed negative product kept -0
+    rand = torch.randn(64, generator=g) * torch.exp2(torch.randint(-140, 120, (64,), generator=g).float())
+    pow2 = torch.exp2(torch.randint(-130, 120, (40,), generator=g).float())
+    vals = torch.cat([torch.tensor(edge, dtype=F32), rand])
+    shortcut = total = 0
+    for t, s in ((vals[:, None], vals[None, :]), (rand[:, None], pow2[None, :]), (vals[:, None], pow2[None, :])):
+        for y in (torch.zeros(t.shape[0], s.shape[1]), -torch.zeros(t.shape[0], s.shape[1]),
+                  torch.randn(t.shape[0], s.shape[1], generator=g) * 2.0 ** -20):
+            rows = [(t[i:i + 1], y[i:i + 1]) for i in range(t.shape[0])]
+            for ti, yi in rows:  # row by row: some rows take the shortcut, others not
+                got, want = _fma32(ti, s, yi), float64_fma(ti, s, yi)
+                prod = ti.double() * s.double()
+                total += 1
+                shortcut += int(bool(torch.isfinite(prod).all()) and torch.equal(prod.float().double(), prod))
+                assert torch.equal(got.isnan(), want.isnan())
+                keep = ~got.isnan()  # a NaN's sign and payload are not part of the model (IEEE 754
+                assert torch.equal(bits(got)[keep], bits(want)[keep])  # leaves them open)
+    assert 0 < shortcut < total  # both paths were taken
