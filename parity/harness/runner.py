@@ -74,7 +74,7 @@ class RunOptions:
     digests_from: int | None = None
     """Record the sha256 of every tensor of both sides from this step on (resume comparison)."""
     profile: str | None = None
-    """'cpu' or 'wall' (timing.PROFILE_CLOCKS): cProfile every rank into
+    """'cpu' or 'wall' (the clock of timing.profiled): cProfile every rank into
     OUT/profile/<scenario>/rank<r>.prof; None: no profile."""
 
     def profile_path(self, scenario: str, rank: int) -> str | None:

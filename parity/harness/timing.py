@@ -92,14 +92,13 @@ def rank_cpu() -> dict | None:
             "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw}
 
 
-PROFILE_CLOCKS = ("cpu", "wall")
-"""``--profile`` clocks: the main thread's CPU time (what the rank computes, not counting waits for
-a CPU or a peer) or wall time (waits included: collectives, CUDA synchronization)."""
-
-
 @contextmanager
 def profiled(path: str | None, clock: str = "cpu"):
-    """cProfile the block into ``path`` (a pstats file: ``python -m pstats PATH``); no-op when None."""
+    """cProfile the block into ``path`` (a pstats file: ``python -m pstats PATH``); no-op when None.
+
+    clock "cpu": the main thread's CPU time (what the rank computes, not its waits for a CPU or a
+    peer); "wall": wall time (waits included: collectives, CUDA synchronization). A file already
+    there (the first launch of a resumed run) is kept: this one gets the next free ``.N`` name."""
     if path is None:
         yield
         return
@@ -112,6 +111,11 @@ def profiled(path: str | None, clock: str = "cpu"):
     finally:
         prof.disable()
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        stem, ext = os.path.splitext(path)
+        n = 1
+        while os.path.exists(path):
+            n += 1
+            path = f"{stem}.{n}{ext}"
         prof.dump_stats(path)
 
 
@@ -211,7 +215,8 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
             lines.append(f"| harness: {part.replace('_', ' ')} | {v:.3f} | | {v / steps:.4f} | |")
     cpu = timing.get("cpu")
     if cpu:
-        lines += ["", f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
-                  f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
-                  f"involuntary context switches; {cpu['ranks']} ranks, {cpu['host_cpus']} CPUs on this host"]
+        lines += ["", (f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
+                       f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
+                       f"involuntary context switches; {cpu['ranks']} ranks, {cpu['host_cpus']} CPUs on "
+                       f"this host")]
     return lines + [""]

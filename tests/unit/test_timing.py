@@ -65,6 +65,9 @@ def test_rank_cpu_counts_this_process_work(tmp_path):
 
     names = {fn for (_, _, fn) in pstats.Stats(str(tmp_path / "p" / "rank0.prof")).stats}
     assert "<genexpr>" in names  # the profiled block's own frames are in the file
+    with timing.profiled(str(tmp_path / "p" / "rank0.prof"), "wall"):  # a second launch
+        pass
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["rank0.2.prof", "rank0.prof"]
 
 
 def test_start_parts_split_the_launch_to_entry_time():
