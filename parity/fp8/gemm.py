@@ -137,7 +137,7 @@ def _fma32(t: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """
     prod = t.double() * s.double()
     prod32 = prod.to(torch.float32)
-    if bool(torch.isfinite(prod32).all()) and torch.equal(prod32.double(), prod):
+    if torch.equal(prod32.double(), prod):
         return prod32 + y
     hi, lo = _two_sum(prod, y.double().expand_as(prod))
     return _round_to_f32(hi, lo)
