@@ -13,6 +13,8 @@ FP8 data are carried as ``torch.uint8`` tensors holding the raw bits; view them 
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 __all__ = [
@@ -90,7 +92,7 @@ def input_dtype_max(dtype: torch.dtype) -> float:
         bits = _INPUT_MAX_BITS[dtype]
     except KeyError:
         raise TypeError(f"unsupported input dtype {dtype}; expected bfloat16, float16 or float32") from None
-    return float(torch.tensor([bits], dtype=torch.int32).view(torch.float32)[0])
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def cast_to_fp8(y: torch.Tensor, fp8_dtype) -> torch.Tensor:

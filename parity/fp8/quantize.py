@@ -21,6 +21,7 @@ Scale-grid padding is written as zeros (TE leaves it uninitialised).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -110,6 +111,12 @@ def nan_ignoring_abs(x: torch.Tensor) -> torch.Tensor:
     return a.masked_fill_(torch.isnan(a), 0.0)
 
 
+@functools.lru_cache(maxsize=64)
+def _as_fp32(x: float) -> float:
+    """x rounded to the nearest fp32 value (as torch rounds it)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
 def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.dtype, *,
                               pow2_scales: bool = True, eps: float = 0.0):
     """(scale, scale_inv) fp32 tensors from NaN-free fp32 block amaxes, exactly as TE (docs/spec/te.md 1.2).
@@ -122,7 +129,7 @@ def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.
         raise TypeError(f"amax must be float32, got {amax.dtype}")
     fmax = FP8_MAX[canonical_fp8_dtype(fp8_dtype)]
     a = amax
-    eps32 = float(torch.tensor(eps, dtype=torch.float32))
+    eps32 = _as_fp32(eps)
     if eps32 > 0.0:
         a = torch.where(a < eps32, eps32, a)
     unit = (a == math.inf) | (a == 0.0) | torch.isnan(a)
