@@ -25,9 +25,10 @@ element (measured: ~99% of partials; relative to the largest product, errors up 
 emulation is therefore a deterministic, device-independent *model*, not a bit-exact replay of a
 GPU: emulated and ``scaled_mm`` outputs agree to about 2^-10 relative, not bitwise.
 
-Every step of the model is computed exactly in float64 and rounded once to fp32 (see
-``_round_to_f32``), so its result is a pure function of the operands: it does not depend on the
-thread count, the BLAS library or the device.
+Every step of the model is rounded once to fp32: computed exactly in float64 and then rounded
+(see ``_round_to_f32``), or, where that gives the same single rounding, as one IEEE fp32 operation
+(a product; an addition of an exact product). So its result is a pure function of the operands: it
+does not depend on the thread count, the BLAS library or the device.
 """
 
 from __future__ import annotations
