@@ -375,8 +375,8 @@ def cmd_run(args, argv) -> int:
     from parity.harness.platform import platform_fingerprint
     from parity.harness.driver import run_scenario
     from parity.harness.errors import UsageError
-    from parity.harness.launch import is_report_writer
     from parity.harness.forkserver import start_early
+    from parity.harness.launch import is_report_writer
     from parity.harness.runner import RunOptions
 
     _check_determinism_env(args.allow_nondeterministic)
