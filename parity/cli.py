@@ -210,14 +210,13 @@ def _torchrun_start(args, argv):
     torchrun will not restart it, that every worker runs the same command (they must make the same
     launches in the same order) and that every node has the same determinism environment and torch
     (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
-    from parity.harness.launch import torchrun_job, under_torchrun
-
-    if args.cmd not in ("run", "golden") or not under_torchrun():
-        return None
+    if args.cmd not in ("run", "golden") or not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return None  # (launch.under_torchrun's test, made before importing torch with the launcher)
     import torch
 
     from parity.distributed.determinism import DETERMINISM_ENV
     from parity.harness.errors import ConfigError, UsageError
+    from parity.harness.launch import torchrun_job
 
     job = torchrun_job()
     env = {k: os.environ.get(k) for k in sorted(DETERMINISM_ENV)}
@@ -369,17 +368,11 @@ def _apply_overrides(s, args, notes: list[str] | None = None):
 
 
 def cmd_run(args, argv) -> int:
-    from parity.harness import report as rep
-    from parity.harness.errors import RuntimeFailure
+    from parity.harness.errors import RuntimeFailure, UsageError
     from parity.harness.faults import parse_injection
-    from parity.harness.platform import platform_fingerprint
-    from parity.harness.driver import run_scenario
-    from parity.harness.errors import UsageError
     from parity.harness.forkserver import start_early
-    from parity.harness.launch import is_report_writer
-    from parity.harness.runner import RunOptions
 
-    _check_determinism_env(args.allow_nondeterministic)
+    # The input first, without torch: bad input is answered in a fraction of a second.
     injections = tuple(parse_injection(s) for s in args.inject)
     notes: list[str] = []
     scenarios = [_apply_overrides(s, args, notes) for s in _resolve_run(args)]
@@ -395,7 +388,14 @@ def cmd_run(args, argv) -> int:
         args.golden = "off" if args.resume_from else "check"
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
-    start_early()  # the input is valid: the fork server imports torch beside the checks below
+    start_early()  # the input is valid: the fork server imports torch beside our own imports
+    from parity.harness import report as rep
+    from parity.harness.driver import run_scenario
+    from parity.harness.launch import is_report_writer
+    from parity.harness.platform import platform_fingerprint
+    from parity.harness.runner import RunOptions
+
+    _check_determinism_env(args.allow_nondeterministic)
     # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
     platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
                  for dev in dict.fromkeys(s.device for s in scenarios)}

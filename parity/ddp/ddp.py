@@ -4,7 +4,6 @@ and the overlapped param gather done by forward pre-hooks (docs/spec/megatron.md
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -16,6 +15,7 @@ from parity.ddp.buffers import (
     ParamAndGradBuffer,
     partition_buckets,
 )
+from parity.ddp.config import DDPConfig
 from parity.ddp.layout import (
     compact_layout,
     distopt_layout,
@@ -24,33 +24,6 @@ from parity.ddp.layout import (
 )
 from parity.model.fp8_linear import FP8Linear
 from parity.vocab import Fault
-
-LAYOUTS = ("compact", "padded")
-
-
-@dataclass(frozen=True)
-class DDPConfig:
-    """Data-parallel wrapper settings."""
-
-    bucket_size: int | None = None
-    """Elements per bucket (None: one bucket per buffer)."""
-    overlap_grad_reduce: bool = False
-    """Launch each bucket group's reduction as soon as all its grads are ready."""
-    overlap_param_gather: bool = False
-    """Defer every bucket group's param gather to the next forward's pre-hooks (needs
-    overlap_grad_reduce)."""
-    layout: str = "compact"
-    """LayerWise buffers: 'compact' (decoupled, no padding) or 'padded' (shard-aligned DistOpt)."""
-    merge_layerwise_fp8_grads: bool = True
-    """Key FP8 LayerWise grads by their bf16 logical dtype (one all-reduce buffer, as OFF)."""
-
-    def __post_init__(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"ddp.layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.bucket_size is not None and self.bucket_size <= 0:
-            raise ValueError(f"ddp.bucket_size must be positive or None, got {self.bucket_size}")
-        if self.overlap_param_gather and not self.overlap_grad_reduce:
-            raise ValueError("overlap_param_gather requires overlap_grad_reduce")
 
 
 class DDP:

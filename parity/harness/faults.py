@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from parity.harness.errors import UsageError
 from parity.vocab import STEP_PHASES, Fault
+
+if TYPE_CHECKING:  # parsing --inject needs no torch (bad input is answered before torch loads)
+    import torch
 
 # name -> (what the fault reverts, docs/spec/megatron.md s5 item)
 CATALOGUE = {
@@ -111,6 +113,8 @@ def parse_injection(spec: str) -> Injection:
 
 def bump_one_ulp(t: torch.Tensor, index: int = 0) -> None:
     """Move element ``index`` of ``t`` (in place) to the next representable value away from zero."""
+    import torch
+
     flat = t.view(-1)
     if t.dtype == torch.uint8:  # raw fp8 bytes: the next code is one ULP (skip NaN 0x7F/0xFF)
         v = int(flat[index])

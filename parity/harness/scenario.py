@@ -19,11 +19,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from parity.ddp.ddp import DDPConfig
+from parity.ddp.config import LAYOUTS, DDPConfig
 from parity.harness.errors import ConfigError
-from parity.model import ModelConfig
-from parity.model.config import InitEdges
-from parity.optim.stack import OptimConfig, StackConfig
+from parity.model.config import InitEdges, ModelConfig
+from parity.optim.config import OptimConfig, StackConfig
 from parity.vocab import Recipe
 
 PAIRS = {
@@ -32,7 +31,6 @@ PAIRS = {
     "force_sync": "force_sync finalizing a pending gather vs the forward pre-hook",
 }
 RECIPES = tuple(Recipe)
-LAYOUTS = ("compact", "padded")
 DEVICES = ("cpu", "cuda")
 
 

@@ -191,6 +191,20 @@ def test_missing_scenario_file(tmp_path):
     check(parity("run", path, "--out", tmp_path / "o"), 2, str(path), "cannot read scenario file")
 
 
+@pytest.mark.parametrize("args", [["BAD_FILE"], ["default", "--inject", "no-such-fault"],
+                                  ["default", "--inject", "crash:9:1"]], ids=["file", "fault", "rank"])
+def test_bad_input_is_answered_before_torch_loads(tmp_path, args):
+    """Scenario files, overrides and --inject are checked without torch (and without starting the
+    fork server), so a mistake costs a fraction of a second, not a torch import."""
+    bad = _write(tmp_path, "bad.toml", b"x = [\n")
+    argv = [str(bad) if a == "BAD_FILE" else a for a in args]
+    code = ("import sys; from parity.cli import main; rc = main(['run', *sys.argv[1:]]); "
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, *argv, "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no torch" in r.stdout, r.stdout + r.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # bad command lines: exit 2 with usage
 # ---------------------------------------------------------------------------------------------

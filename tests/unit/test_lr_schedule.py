@@ -5,7 +5,7 @@ import math
 import pytest
 
 from parity.optim.schedule import lr_at
-from parity.optim.stack import OptimConfig
+from parity.optim.config import OptimConfig
 
 
 def test_constant_schedule_is_the_lr_itself():
