@@ -4,9 +4,9 @@ Importing torch takes the server a second or more (on a CUDA host also loading t
 libraries: measured 5-6 s per spawned rank on an H200 host, 0.1 s per forked one). The server only
 imports: it never initializes CUDA, so every rank creates its own CUDA context (torch refuses CUDA
 in a child forked after CUDA was initialized, so a mistake here fails loudly). A command starts
-the server once its input is valid, so the server's imports run beside the parent's remaining
-checks; bad input never pays for it (this module imports no torch, so the start costs the parent
-nothing).
+the server once its input is valid (those checks need no torch), so the server's imports run
+beside the parent's own torch import, and bad input never pays for either (this module imports no
+torch, so the start costs the parent nothing).
 """
 
 from __future__ import annotations
