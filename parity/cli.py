@@ -210,8 +210,10 @@ def _torchrun_start(args, argv):
     torchrun will not restart it, that every worker runs the same command (they must make the same
     launches in the same order) and that every node has the same determinism environment and torch
     (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
-    if args.cmd not in ("run", "golden") or not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        return None  # (launch.under_torchrun's test, made before importing torch with the launcher)
+    from parity.harness.torchrun_env import under_torchrun
+
+    if args.cmd not in ("run", "golden") or not under_torchrun():
+        return None
     import torch
 
     from parity.distributed.determinism import DETERMINISM_ENV
@@ -357,8 +359,9 @@ def _apply_overrides(s, args, notes: list[str] | None = None):
         notes.append(f"{s.name}: --world {world}: ep {raw['ep']} does not divide it; using ep {changed['ep']}")
     if not changed:
         return s
-    if "steps" in changed and s.schedule_pin():  # the first steps of the same run (Scenario.prefix)
-        raw.update(s.schedule_pin())
+    pin = s.schedule_pin()
+    if "steps" in changed and pin:  # the first steps of the same run (Scenario.prefix)
+        raw.update(pin)
         notes.append(f"{s.name}: --steps {changed['steps']}: the {s.lr_decay_style} LR schedule keeps its "
                      f"{s.decay_steps}-step length")
     raw.update(changed)

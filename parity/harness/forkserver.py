@@ -12,7 +12,8 @@ torch, so the start costs the parent nothing).
 from __future__ import annotations
 
 import multiprocessing
-import os
+
+from parity.harness.torchrun_env import under_torchrun
 
 PRELOAD = ["parity.harness.launch", "torch._inductor.config", "parity.harness.driver"]
 """Imported once, in the server, so no rank imports them again: torch with the launcher;
@@ -30,7 +31,7 @@ def context():
 def start_early() -> None:
     """Start the fork server now, in the background (a no-op under torchrun, which starts ranks
     itself, or when it is running already)."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if under_torchrun():
         return
     from multiprocessing import forkserver
 

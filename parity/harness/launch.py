@@ -64,6 +64,7 @@ import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import apply_determinism
+from parity.harness.torchrun_env import under_torchrun
 
 __all__ = [
     "FailedRank",
@@ -251,11 +252,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def under_torchrun() -> bool:
-    """True when this process was started by torchrun (RANK and WORLD_SIZE are set)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def is_report_writer() -> bool:

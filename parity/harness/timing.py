@@ -167,8 +167,7 @@ def merge_timing(results: list[dict], start_s: float | None, elapsed_s: float | 
     start_split = None if not parts else {p: round(sum(x[p] for x in parts) / len(parts), 3) for p in START_PARTS}
     cpus = [r["cpu"] for r in ranks if r.get("cpu")]
     cpu = None if not cpus else {
-        **{k: round(sum(c[k] for c in cpus) / len(cpus), 3) for k in cpus[0]},
-        "ranks": len(results), "host_cpus": os.cpu_count()}
+        **{k: round(sum(c[k] for c in cpus) / len(cpus), 3) for k in cpus[0]}, "host_cpus": os.cpu_count()}
     rest = None if elapsed_s is None or start_s is None else elapsed_s - start_s - build_s - accounted
     return {
         "start_s": None if start_s is None else round(start_s, 3),
@@ -217,6 +216,6 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
     if cpu:
         lines += ["", (f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
                        f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
-                       f"involuntary context switches; {cpu['ranks']} ranks, {cpu['host_cpus']} CPUs on "
+                       f"involuntary context switches; {timing['ranks_averaged']} ranks, {cpu['host_cpus']} CPUs on "
                        f"this host")]
     return lines + [""]

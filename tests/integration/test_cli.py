@@ -65,7 +65,7 @@ def test_clean_run_passes_with_junit(tmp_path):
     assert [s["step"] for s in t["per_step"]] == [-1, 0, 1, 2] and t["ranks_averaged"] == 2
     assert e["memory"]["peak_rss_bytes"] > 0
     assert "## Where the time went" in (out / "summary.md").read_text()
-    assert t["cpu"]["user_s"] > 0 and t["cpu"]["ranks"] == 2  # the ranks' own CPU time
+    assert t["cpu"]["user_s"] > 0 and t["cpu"]["system_s"] >= 0  # the ranks' own CPU time
     assert set(t["start_parts"]) == {"process", "device", "process_group", "handoff"}
     assert all(v >= 0 for v in t["start_parts"].values())
     import pstats  # --profile cpu: one cProfile per rank, with the stack's frames in it

@@ -1,0 +1,11 @@
+"""Whether torchrun started this process. No torch here: the command line asks before it imports
+the launcher (bad input is answered before torch loads), and so does the fork server's start."""
+
+from __future__ import annotations
+
+import os
+
+
+def under_torchrun() -> bool:
+    """True when this process was started by torchrun (RANK and WORLD_SIZE are set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
