@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+import threadpoolctl
 import torch
 
 __all__ = [
@@ -251,6 +252,10 @@ def apply_determinism(
         torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+            # numpy's BLAS (the emulated GEMM's exact float64 block dots, parity.fp8.gemm) keeps a
+            # pool of its own, sized to the host: its idle threads spin, and 8 ranks on 2 cores
+            # then run 3x slower. Its sums are exact, so the count changes time, not bits.
+            threadpoolctl.threadpool_limits(num_threads, user_api="blas")
         applied["torch"] = {
             "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -260,5 +265,7 @@ def apply_determinism(
             # of uninitialised memory shows up as a NaN instead of as run-to-run noise.
             "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
             "num_threads": torch.get_num_threads(),
+            "blas_threads": [pool["num_threads"] for pool in threadpoolctl.threadpool_info()
+                             if pool["user_api"] == "blas"],
         }
     return applied

@@ -37,9 +37,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
-from .formats import E4M3, E5M2, FP8_TORCH_DTYPE, canonical_fp8_dtype
+from .formats import E4M3, E5M2, FP8_MAX, FP8_TORCH_DTYPE, canonical_fp8_dtype
 
 __all__ = ["Operand", "fp8_gemm", "scaled_mm_supported", "accumulate_blocks", "BACKENDS"]
 
@@ -194,6 +195,16 @@ def _as_float64(codes: torch.Tensor, fp8: str) -> torch.Tensor:
     return torch.index_select(table, 0, codes.reshape(-1).int()).view(codes.shape)
 
 
+def _exact_bmm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x @ y for float64 [nb, M, L] x [nb, L, N] whose sums are exact (see above), so any kernel
+    gives the same bits. On CPU numpy's BLAS runs it: the MKL pin that fixes torch's fp32 GEMM
+    bits across CPUs (parity.distributed.determinism.CPU_PINS) also puts torch's float64 GEMMs on
+    MKL's slowest path (3-4x slower, tools/bench_block_dot.py). Strided views need no copy."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.matmul(x.numpy(), y.numpy()))
+    return torch.bmm(x, y)
+
+
 def _block_dots(a: Operand, b: Operand, kb0: int, kb1: int) -> torch.Tensor:
     """p[kb, m, n] = RN32(exact sum over K block kb of a[m, k] * b[n, k]) for kb in [kb0, kb1)."""
     blk = a.block_len
@@ -207,9 +218,9 @@ def _block_dots(a: Operand, b: Operand, kb0: int, kb1: int) -> torch.Tensor:
             v = torch.nn.functional.pad(v, (0, nb * blk - (k1 - k0)))
         v = v.view(v.shape[0], nb, blk)
         v = v.permute(1, 2, 0) if transpose else v.permute(1, 0, 2)  # [nb, blk, R] / [nb, R, blk]
-        return [piece.contiguous() for piece in _pieces(v, op.fp8_dtype)]
+        return _pieces(v, op.fp8_dtype)
 
-    partials = [torch.bmm(pa, pb) for pa in blocks(a, False) for pb in blocks(b, True)]
+    partials = [_exact_bmm(pa, pb) for pa in blocks(a, False) for pb in blocks(b, True)]
     if len(partials) == 1:
         return _round_to_f32(partials[0])
     s, err = partials[0], torch.zeros_like(partials[0])
@@ -225,6 +236,34 @@ def _scale_product_rule(a: Operand, b: Operand) -> bool:
     return a.tile_2d is not None or b.tile_2d is not None
 
 
+# The smallest nonzero |fp8 value| is 2^q: a nonzero exact block dot is a multiple of 2^(q_a + q_b).
+_QUANTUM_EXP = {E4M3: -9, E5M2: -16}
+_FP32_MIN_NORMAL = 2.0 ** -126
+_FP32_OVERFLOW = 2.0 ** 128
+
+
+def _normal_powers_of_two(s: torch.Tensor) -> bool:
+    """Every element of fp32 ``s`` is +2^e with a normal exponent (sign and mantissa bits clear)."""
+    bits = s.view(torch.int32)
+    exponent = bits >> 23  # the sign bit is required clear below, so this is the biased exponent
+    return bool((((bits & 0x807FFFFF) == 0) & (exponent > 0) & (exponent < 255)).all())
+
+
+def _fp32_steps_exact(a: Operand, b: Operand, sa: torch.Tensor, sb: torch.Tensor) -> bool:
+    """Whether every fma of the epilogue below is one fp32 addition, because its product is an fp32
+    value: the scales are normal powers of two and p * s_a * s_b stays in fp32's normal range for
+    every nonzero |p| in [2^(q_a + q_b), 2 * block_len * max_a * max_b] (RN32 of the exact block dot
+    stays in that range). Multiplying by a power of two then only moves the exponent. (Both paths
+    round s_a * s_b, or p * s_a, alike; only the product in the fma must be exact.)"""
+    if not (_normal_powers_of_two(sa) and _normal_powers_of_two(sb)):
+        return False
+    p_lo = 2.0 ** (_QUANTUM_EXP[a.fp8_dtype] + _QUANTUM_EXP[b.fp8_dtype])
+    p_hi = 2.0 * a.block_len * FP8_MAX[a.fp8_dtype] * FP8_MAX[b.fp8_dtype]
+    s_lo = float(sa.min()) * float(sb.min())  # powers of two: exact in Python floats
+    s_hi = float(sa.max()) * float(sb.max())
+    return p_lo * s_lo >= _FP32_MIN_NORMAL and p_hi * s_hi < _FP32_OVERFLOW
+
+
 def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, kb0: int = 0,
                       y: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Scale-and-accumulate epilogue of the model for fp32 block partials ``partials[kb, m, n]``
@@ -236,14 +275,21 @@ def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, 
     if y is None:
         y = torch.zeros(a.data.shape[0], b.data.shape[0], dtype=torch.float32, device=a.data.device)
     product_rule = _scale_product_rule(a, b)
-    for i in range(partials.shape[0]):
-        kb = kb0 + i
-        sa = a.scale_inv[:, kb : kb + 1]       # [M, 1]
-        sb = b.scale_inv[:, kb].unsqueeze(0)   # [1, N]
+    nb = partials.shape[0]
+    sa = a.scale_inv[:, kb0 : kb0 + nb].t().unsqueeze(2)  # [nb, M, 1]
+    sb = b.scale_inv[:, kb0 : kb0 + nb].t().unsqueeze(1)  # [nb, 1, N]
+    if _fp32_steps_exact(a, b, sa, sb):
+        # Every product is exact in fp32, so each fma is one fp32 addition (an inf or NaN partial
+        # gives the same inf or NaN either way).
+        prod = partials * _mul32(sa, sb) if product_rule else _mul32(partials, sa) * sb
+        for i in range(nb):
+            y = prod[i] + y
+        return y if out_dtype is None else y.to(out_dtype)
+    for i in range(nb):
         if product_rule:
-            y = _fma32(partials[i], _mul32(sa, sb), y)
+            y = _fma32(partials[i], _mul32(sa[i], sb[i]), y)
         else:
-            y = _fma32(_mul32(partials[i], sa), sb, y)
+            y = _fma32(_mul32(partials[i], sa[i]), sb[i], y)
     return y if out_dtype is None else y.to(out_dtype)
 
 

@@ -330,3 +330,45 @@ def test_fp32_shortcut_of_the_fma_equals_the_float64_fma():
                 keep = ~got.isnan()  # a NaN's sign and payload are not part of the model (IEEE 754
                 assert torch.equal(bits(got)[keep], bits(want)[keep])  # leaves them open)
     assert 0 < shortcut < total  # both paths were taken
+
+
+@pytest.mark.parametrize("rule", ["1Dx1D", "product"])
+def test_fp32_epilogue_equals_the_general_epilogue(monkeypatch, rule):
+    """Where every scale is a normal power of two and the partials times the scales stay in fp32's
+    normal range, the epilogue adds fp32 products (``_fp32_steps_exact``); it must give the bits of
+    the step-by-step fma on both sides of that range's edges (products that would turn subnormal or
+    overflow), for zeros, the largest partials, subnormal-bound sums, inf and NaN."""
+    from parity.fp8 import gemm as G
+
+    blk, M, N, nb = 128, 6, 5, 3
+    p_hi = 2.0 * blk * 448.0 * 448.0
+    g = torch.Generator().manual_seed(11)
+    taken = {True: 0, False: 0}
+    # sa * sb exponents from far inside fp32's range to past both of its edges, for this rule.
+    for ea, eb, frac in [(-10, -8, 1.0), (-10, -8, 0.75), (-40, -60, 1.0), (-52, -56, 1.0), (-54, -56, 1.0),
+                         (-60, -60, 1.0), (40, 60, 1.0), (48, 54, 1.0), (50, 53, 1.0), (60, 60, 1.0),
+                         (-120, 2, 1.0), (-126, 0, 1.0)]:
+        sa = torch.full((M, nb), 2.0 ** ea)
+        sb = torch.full((N, nb), 2.0 ** eb * frac)  # frac 0.75: not a power of two
+        sa[0, 0] *= 2.0  # not a constant scale
+        tile = torch.ones(1, 4) if rule == "product" else None
+        a = Operand(torch.zeros(M, nb * blk, dtype=torch.uint8), "e4m3", sa, blk)
+        b = Operand(torch.zeros(N, nb * blk, dtype=torch.uint8), "e4m3", sb, blk, tile_2d=tile)
+        mags = torch.exp2(torch.randint(-18, 25, (nb, M, N), generator=g).double())
+        partials = (torch.randn(nb, M, N, generator=g, dtype=torch.float64) * mags).clamp(-p_hi, p_hi).float()
+        partials[0, 0, :3] = torch.tensor([0.0, -0.0, 2.0 ** -18])
+        partials[1, 1, :3] = torch.tensor([p_hi, -p_hi, float("inf")])
+        partials[2, 2, :2] = torch.tensor([float("nan"), -float("inf")])
+        # y of the products' own size, so that a rounded product would change the sum
+        y_near = (torch.randn(M, N, generator=g, dtype=torch.float64) * mags[0] * 2.0 ** (ea + eb)).float()
+        for y in (torch.zeros(M, N), y_near):
+            fast = G._fp32_steps_exact(a, b, sa.t().unsqueeze(2), sb.t().unsqueeze(1))
+            taken[fast] += 1
+            got = accumulate_blocks(partials, a, b, None, y=y.clone())
+            with monkeypatch.context() as m:
+                m.setattr(G, "_fp32_steps_exact", lambda *args: False)
+                want = accumulate_blocks(partials, a, b, None, y=y.clone())
+            assert torch.equal(got.isnan(), want.isnan())
+            keep = ~got.isnan()
+            assert torch.equal(bits(got)[keep], bits(want)[keep]), (rule, ea, eb, frac, fast)
+    assert taken[True] and taken[False]  # both sides of the edge were checked
