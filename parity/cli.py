@@ -11,6 +11,8 @@ import math
 import os
 import sys
 
+from parity.distributed.pins import pin_before_torch
+
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RUNTIME = 0, 1, 2, 3
 DEFAULT_SCENARIO = "default"
 _TORCHRUN_EXIT_WAIT_S = 3600.0  # under torchrun: how long a worker waits for the others' exit codes
@@ -156,6 +158,9 @@ def main(argv=None) -> int:
 
     from parity.harness.errors import ParityError, UsageError
 
+    # Before torch loads: the CPU pins and one BLAS thread for this process too, so that a torchrun
+    # supervisor can fork its rank itself (parity.harness.launch).
+    pin_before_torch()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -25,6 +25,8 @@ from typing import Any
 import threadpoolctl
 import torch
 
+from parity.distributed.pins import CPU_PINS
+
 __all__ = [
     "ACCEPTED_CUBLAS_WORKSPACE_CONFIGS",
     "ACCEPTED_NCCL_ALGO_TOKENS",
@@ -56,23 +58,6 @@ if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 1
     # only makes every NCCL rank print a deprecation warning (seen with 2.11 on H200).
     DETERMINISM_ENV["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
 
-# CPU kernels that give the same bits on every x86-64 CPU with AVX2 (docs/measurements/
-# 2026-12-01-cpu-platform-independence.md). Without them the bits follow the CPU: ATen picks its
-# vectorized kernels (reductions, softmax, exp/silu, the Box-Muller of randn) by instruction set,
-# MKL its GEMM and vector-math kernels by instruction set, and oneDNN (bf16 GEMMs) by instruction
-# set and cache sizes (the model therefore runs no bf16 GEMM: parity.model.matmul). Each is set only where the environment does not set it already; a
-# different value is a different platform (see parity.harness.platform), not a violation.
-CPU_PINS: dict[str, str] = {
-    # ATen's kernels at AVX2 (x86-64 servers since 2013 have it; a CPU without falls back to
-    # the scalar kernels, which the platform id then names).
-    "ATEN_CPU_CAPABILITY": "avx2",
-    # MKL's conditional numerical reproducibility on its COMPATIBLE branch (SSE2 without the
-    # approximate rcpps/rsqrtps, whose results differ between Intel and AMD), the only branch
-    # MKL also honours on non-Intel CPUs; results independent of memory alignment (STRICT) for a
-    # fixed thread count (1 per rank). An ISA branch such as AVX2 falls back to MKL's automatic
-    # dispatch on AMD.
-    "MKL_CBWR": "COMPATIBLE,STRICT",
-}
 _ISA_ORDER = ("default", "avx2", "avx512")
 
 

@@ -11,8 +11,9 @@ Usage::
 
 ``fn`` and its arguments must be picklable (``fn`` defined at module top level). Each rank is a
 fresh interpreter (``spawn``, the default) or a child of a fork server that imported torch once
-(``start_method="forkserver"``: much faster starts); never a plain ``fork`` of the caller, whose
-torch threads a fork would not copy. In every rank the determinism environment is applied *before*
+(``start_method="forkserver"``: much faster starts); never a plain ``fork`` of a caller that runs
+other threads, which a fork would not copy (a torchrun supervisor that runs none forks its rank
+itself, see below). In every rank the determinism environment is applied *before*
 ``init_process_group``, so communicators and cuBLAS see it.
 
 Failure handling. The parent watches every rank. The first rank that raises, exits non-zero, is
@@ -30,7 +31,9 @@ sent: ``atexit`` handlers do not run in ranks. A rank may post a small status (`
 e.g. the step it is at) to that store; a :class:`RankFailure` carries every rank's last status.
 
 Under torchrun (any number of nodes) each process torchrun starts is the *supervisor* of one rank:
-it starts that rank as its own child, exactly as above, and watches it. Supervisors share torchrun's
+it starts that rank as its own child, exactly as above, and watches it (with "forkserver" it forks
+the rank itself when it runs a single thread, as the CLI's supervisors do: it has imported torch and
+the stack already, and a fork server would import them again). Supervisors share torchrun's
 store (the agent's ``TCPStore``, ``MASTER_ADDR:MASTER_PORT``); the ranks rendezvous through it under
 a key prefix of their own. A rank that fails makes its supervisor post an abort; every supervisor
 then stops its rank, and every supervisor posts how its rank ended. Global rank 0's supervisor
@@ -64,6 +67,7 @@ import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import apply_determinism
+from parity.distributed.pins import pinned_before_torch
 from parity.harness.torchrun_env import under_torchrun
 
 __all__ = [
@@ -643,6 +647,12 @@ def _rank_main(
     """Entry point of a spawned rank. Never returns: it ends with ``os._exit``."""
     started = {"entry": time.time()}
     rank, world_size = plan.rank, plan.world_size
+    # A forked rank has its parent's Python-level signal handlers and streams (a torchrun
+    # supervisor turns SIGTERM into KeyboardInterrupt and silences stdout on ranks > 0): start
+    # from what a fresh interpreter has, so that a rank stopped by SIGTERM dies of it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     _die_with_parent(conn, parent_pid)
     _adopt_std_streams(*std_fds)
     if cfg.prefix_output:
@@ -882,6 +892,27 @@ def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -
     return [out.results[rank] for rank in range(cfg.world_size)]
 
 
+def _single_threaded() -> bool:
+    """Whether this process runs one OS thread (Linux; elsewhere assumed not): then a fork copies
+    every thread there is, and no lock can be held by a thread the child lacks."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _start_method(cfg: LaunchConfig, launcher: str) -> str:
+    """How this process starts its ranks: ``cfg.start_method``, except that a torchrun supervisor
+    asked for "forkserver" forks its rank itself when it was pinned before torch loaded and runs a
+    single thread (torchrun's agent serves the store it talks to). It has imported torch and the
+    stack already, so its fork is what a fork server would give the rank, without a server
+    importing them all again."""
+    if (cfg.start_method == "forkserver" and launcher == "torchrun" and pinned_before_torch()
+            and _single_threaded()):
+        return "fork"
+    return cfg.start_method
+
+
 def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: list[_RankPlan],
                abort: Callable[[], str | None] | None) -> _Outcome:
     """Start one child per plan, watch them until all delivered or one failed, stop the rest.
@@ -899,23 +930,25 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
             f"launch: fn and args must be picklable (define fn at module top level): {type(exc).__name__}: {exc}"
         ) from None
 
-    if cfg.start_method == "forkserver":
+    method = _start_method(cfg, plans[0].launcher)
+    if method == "forkserver":
         from parity.harness.forkserver import context
 
         ctx = context()  # the server imported torch and the stack once (parity/harness/forkserver.py)
     else:
-        ctx = mp.get_context(cfg.start_method)
+        ctx = mp.get_context(method)
     mon = _Monitor(plans[0].world_size, [p.rank for p in plans])
     deadline = None if cfg.deadline_s is None else time.monotonic() + cfg.deadline_s
-    # The OS parent of a spawned rank (a forkserver rank's is the fork server).
-    parent_pid = os.getpid() if cfg.start_method == "spawn" else None
+    # The OS parent of the rank (a forkserver rank's is the fork server).
+    parent_pid = None if method == "forkserver" else os.getpid()
     parent_env = dict(os.environ)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # what the parent printed comes before what the ranks print
         except Exception:
             pass
-    std_fds = (_InheritedFd(1), _InheritedFd(2))
+    # A fork server's descriptors date from its start: pass this process's (a fork has them).
+    std_fds = (1, 2) if method == "fork" else (_InheritedFd(1), _InheritedFd(2))
     try:
         for plan in plans:
             # Duplex: the rank watches its end for EOF to notice the parent's death.

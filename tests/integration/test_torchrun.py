@@ -286,3 +286,35 @@ def test_world_other_than_torchruns_is_refused(tiny4):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "world 4, but torchrun started 1 ranks" in r.stderr and "--world 1" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# how a supervisor starts its rank
+# ---------------------------------------------------------------------------------------------
+
+_START_METHOD_PROBE = """
+import os, sys
+from parity.distributed.pins import pin_before_torch
+if sys.argv[1] == "pinned":
+    pin_before_torch()
+from parity.harness import driver  # what `parity run` imports before it launches
+from parity.harness.launch import LaunchConfig, _start_method, _single_threaded
+cfg = LaunchConfig(world_size=1, start_method="forkserver")
+print(_start_method(cfg, "torchrun"), _start_method(cfg, "forkserver"), _single_threaded(),
+      os.environ.get("ATEN_CPU_CAPABILITY"))
+"""
+
+
+@pytest.mark.parametrize("pinned, want", [("pinned", "fork forkserver True avx2"),
+                                          ("unpinned", "forkserver forkserver")])
+def test_a_pinned_single_threaded_supervisor_forks_its_rank(pinned, want):
+    """The CLI pins a torchrun supervisor before torch loads; it then runs one thread after
+    importing the stack, and forks its rank instead of starting a fork server that imports it all
+    again. Not pinned (a library caller), it uses the fork server: its kernels may not be the
+    pinned ones, and a fork would pass them on."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
+                                                            "OPENBLAS_NUM_THREADS")}
+    r = subprocess.run([sys.executable, "-c", _START_METHOD_PROBE, pinned], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith(want), r.stdout

@@ -1,0 +1,56 @@
+"""CPU settings a process needs before torch loads (this module imports no torch).
+
+:data:`CPU_PINS` fix the CPU kernels ranks run; :func:`pin_before_torch` sets them, and one BLAS
+thread, in a process that has not imported torch yet (the CLI does so first thing). ATen reads
+ATEN_CPU_CAPABILITY at its first kernel dispatch and MKL reads MKL_CBWR at its first call, so a
+process pinned this way runs the pinned kernels itself, and so does a child it forks
+(:mod:`parity.harness.launch`). Ranks also set the pins in their own environment
+(:func:`parity.distributed.determinism.apply_cpu_pins`), which is enough for a rank that is a fresh
+interpreter or the child of a fork server that never ran a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["CPU_PINS", "pin_before_torch", "pinned_before_torch"]
+
+# CPU kernels that give the same bits on every x86-64 CPU with AVX2 (docs/measurements/
+# 2026-12-01-cpu-platform-independence.md). Without them the bits follow the CPU: ATen picks its
+# vectorized kernels (reductions, softmax, exp/silu, the Box-Muller of randn) by instruction set,
+# MKL its GEMM and vector-math kernels by instruction set, and oneDNN (bf16 GEMMs) by instruction
+# set and cache sizes (the model therefore runs no bf16 GEMM: parity.model.matmul). Each is set
+# only where the environment does not set it already; a different value is a different platform (see parity.harness.platform), not a violation.
+CPU_PINS: dict[str, str] = {
+    # ATen's kernels at AVX2 (x86-64 servers since 2013 have it; a CPU without falls back to
+    # the scalar kernels, which the platform id then names).
+    "ATEN_CPU_CAPABILITY": "avx2",
+    # MKL's conditional numerical reproducibility on its COMPATIBLE branch (SSE2 without the
+    # approximate rcpps/rsqrtps, whose results differ between Intel and AMD), the only branch
+    # MKL also honours on non-Intel CPUs; results independent of memory alignment (STRICT) for a
+    # fixed thread count (1 per rank). An ISA branch such as AVX2 falls back to MKL's automatic
+    # dispatch on AMD.
+    "MKL_CBWR": "COMPATIBLE,STRICT",
+}
+
+_pinned_before_torch = False
+
+
+def pin_before_torch() -> bool:
+    """Set :data:`CPU_PINS` and OPENBLAS_NUM_THREADS=1 in ``os.environ`` where unset, if torch is
+    not loaded yet (numpy's BLAS would otherwise start a pool of threads this process never uses).
+    Returns whether it did; :func:`pinned_before_torch` tells later."""
+    global _pinned_before_torch
+    if "torch" in sys.modules or "numpy" in sys.modules:
+        return False
+    for name, value in {**CPU_PINS, "OPENBLAS_NUM_THREADS": "1"}.items():
+        os.environ.setdefault(name, value)
+    _pinned_before_torch = True
+    return True
+
+
+def pinned_before_torch() -> bool:
+    """Whether :func:`pin_before_torch` pinned this process before torch loaded: then its own
+    kernels are the pinned ones, and so are those of a child it forks."""
+    return _pinned_before_torch
