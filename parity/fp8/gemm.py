@@ -34,6 +34,7 @@ does not depend on the thread count, the BLAS library or the device.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Optional
 
@@ -242,11 +243,20 @@ _FP32_MIN_NORMAL = 2.0 ** -126
 _FP32_OVERFLOW = 2.0 ** 128
 
 
-def _normal_powers_of_two(s: torch.Tensor) -> bool:
-    """Every element of fp32 ``s`` is +2^e with a normal exponent (sign and mantissa bits clear)."""
+def _f32(bits: int) -> float:
+    """The fp32 value of int32 ``bits``."""
+    return struct.unpack("<f", struct.pack("<i", bits))[0]
+
+
+def _pow2_range(s: torch.Tensor) -> Optional[tuple[float, float]]:
+    """None if an element of fp32 ``s`` has a mantissa bit (not +-2^e, +-0 or +-inf), else the
+    elements with the smallest and the largest int32 bits: min and max when all are >= +0 (the
+    caller's range check refuses a zero, subnormal, negative or infinite one)."""
     bits = s.view(torch.int32)
-    exponent = bits >> 23  # the sign bit is required clear below, so this is the biased exponent
-    return bool((((bits & 0x807FFFFF) == 0) & (exponent > 0) & (exponent < 255)).all())
+    if bool((bits & 0x7FFFFF).any()):
+        return None
+    lo, hi = (int(v) for v in torch.aminmax(bits))  # non-negative floats order like their bits
+    return _f32(lo), _f32(hi)
 
 
 def _fp32_steps_exact(a: Operand, b: Operand, sa: torch.Tensor, sb: torch.Tensor) -> bool:
@@ -255,13 +265,13 @@ def _fp32_steps_exact(a: Operand, b: Operand, sa: torch.Tensor, sb: torch.Tensor
     every nonzero |p| in [2^(q_a + q_b), 2 * block_len * max_a * max_b] (RN32 of the exact block dot
     stays in that range). Multiplying by a power of two then only moves the exponent. (Both paths
     round s_a * s_b, or p * s_a, alike; only the product in the fma must be exact.)"""
-    if not (_normal_powers_of_two(sa) and _normal_powers_of_two(sb)):
+    ra, rb = _pow2_range(sa), _pow2_range(sb)
+    if ra is None or rb is None:
         return False
     p_lo = 2.0 ** (_QUANTUM_EXP[a.fp8_dtype] + _QUANTUM_EXP[b.fp8_dtype])
     p_hi = 2.0 * a.block_len * FP8_MAX[a.fp8_dtype] * FP8_MAX[b.fp8_dtype]
-    s_lo = float(sa.min()) * float(sb.min())  # powers of two: exact in Python floats
-    s_hi = float(sa.max()) * float(sb.max())
-    return p_lo * s_lo >= _FP32_MIN_NORMAL and p_hi * s_hi < _FP32_OVERFLOW
+    # powers of two: the products are exact in Python floats
+    return p_lo * ra[0] * rb[0] >= _FP32_MIN_NORMAL and p_hi * ra[1] * rb[1] < _FP32_OVERFLOW
 
 
 def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, kb0: int = 0,

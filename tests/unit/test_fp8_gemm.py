@@ -347,9 +347,10 @@ def test_fp32_epilogue_equals_the_general_epilogue(monkeypatch, rule):
     # sa * sb exponents from far inside fp32's range to past both of its edges, for this rule.
     for ea, eb, frac in [(-10, -8, 1.0), (-10, -8, 0.75), (-40, -60, 1.0), (-52, -56, 1.0), (-54, -56, 1.0),
                          (-60, -60, 1.0), (40, 60, 1.0), (48, 54, 1.0), (50, 53, 1.0), (60, 60, 1.0),
-                         (-120, 2, 1.0), (-126, 0, 1.0)]:
+                         (-120, 2, 1.0), (-126, 0, 1.0), (-10, -140, 1.0), (-10, 0, 0.0), (-10, 0, -1.0),
+                         (-10, 200, 1.0)]:  # subnormal, zero, negative and infinite scales
         sa = torch.full((M, nb), 2.0 ** ea)
-        sb = torch.full((N, nb), 2.0 ** eb * frac)  # frac 0.75: not a power of two
+        sb = torch.full((N, nb), 2.0 ** eb * frac, dtype=torch.float64).float()  # frac 0.75: not a power of two
         sa[0, 0] *= 2.0  # not a constant scale
         tile = torch.ones(1, 4) if rule == "product" else None
         a = Operand(torch.zeros(M, nb * blk, dtype=torch.uint8), "e4m3", sa, blk)
