@@ -274,6 +274,19 @@ def _fp32_steps_exact(a: Operand, b: Operand, sa: torch.Tensor, sb: torch.Tensor
     return p_lo * ra[0] * rb[0] >= _FP32_MIN_NORMAL and p_hi * ra[1] * rb[1] < _FP32_OVERFLOW
 
 
+def _exact_fp32_products(partials, a: Operand, b: Operand, sa, sb, product_rule: bool):
+    """The products of the epilogue's fma steps, RN32(p * RN32(s_a * s_b)) or RN32(p * s_a) * s_b, as
+    fp32 values if every one of them is exact in fp32, else None. Proven from the scales alone
+    where possible (an inf or NaN partial then gives the same inf or NaN either way), else checked
+    against the float64 products (e.g. the E8M0 scale 2^-127 of an all-zero MXFP8 block)."""
+    t, s = (partials, _mul32(sa, sb)) if product_rule else (_mul32(partials, sa), sb)
+    if _fp32_steps_exact(a, b, sa, sb):
+        return t * s
+    exact = t.double() * s.double()  # exact: 24 + 24 significant bits
+    prod = exact.to(torch.float32)
+    return prod if torch.equal(prod.double(), exact) else None
+
+
 def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, kb0: int = 0,
                       y: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Scale-and-accumulate epilogue of the model for fp32 block partials ``partials[kb, m, n]``
@@ -288,10 +301,8 @@ def accumulate_blocks(partials, a: Operand, b: Operand, out_dtype: torch.dtype, 
     nb = partials.shape[0]
     sa = a.scale_inv[:, kb0 : kb0 + nb].t().unsqueeze(2)  # [nb, M, 1]
     sb = b.scale_inv[:, kb0 : kb0 + nb].t().unsqueeze(1)  # [nb, 1, N]
-    if _fp32_steps_exact(a, b, sa, sb):
-        # Every product is exact in fp32, so each fma is one fp32 addition (an inf or NaN partial
-        # gives the same inf or NaN either way).
-        prod = partials * _mul32(sa, sb) if product_rule else _mul32(partials, sa) * sb
+    prod = _exact_fp32_products(partials, a, b, sa, sb, product_rule)
+    if prod is not None:  # each fma is one fp32 addition
         for i in range(nb):
             y = prod[i] + y
         return y if out_dtype is None else y.to(out_dtype)

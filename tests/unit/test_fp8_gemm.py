@@ -335,20 +335,27 @@ def test_fp32_shortcut_of_the_fma_equals_the_float64_fma():
 @pytest.mark.parametrize("rule", ["1Dx1D", "product"])
 def test_fp32_epilogue_equals_the_general_epilogue(monkeypatch, rule):
     """Where every scale is a normal power of two and the partials times the scales stay in fp32's
-    normal range, the epilogue adds fp32 products (``_fp32_steps_exact``); it must give the bits of
-    the step-by-step fma on both sides of that range's edges (products that would turn subnormal or
-    overflow), for zeros, the largest partials, subnormal-bound sums, inf and NaN."""
+    normal range (``_fp32_steps_exact``), or where the float64 products say so, the epilogue adds
+    fp32 products; it must give the bits of the step-by-step fma on both sides of that range's
+    edges (products that would turn subnormal or overflow), for zeros, the largest partials,
+    subnormal-bound sums, inf and NaN, and for a subnormal scale whose partials are all zero (the
+    E8M0 scale of an all-zero MXFP8 block) or not."""
     from parity.fp8 import gemm as G
 
     blk, M, N, nb = 128, 6, 5, 3
     p_hi = 2.0 * blk * 448.0 * 448.0
     g = torch.Generator().manual_seed(11)
     taken = {True: 0, False: 0}
+    checked = 0  # fp32 products that only the float64 check accepted
     # sa * sb exponents from far inside fp32's range to past both of its edges, for this rule.
-    for ea, eb, frac in [(-10, -8, 1.0), (-10, -8, 0.75), (-40, -60, 1.0), (-52, -56, 1.0), (-54, -56, 1.0),
-                         (-60, -60, 1.0), (40, 60, 1.0), (48, 54, 1.0), (50, 53, 1.0), (60, 60, 1.0),
-                         (-120, 2, 1.0), (-126, 0, 1.0), (-10, -140, 1.0), (-10, 0, 0.0), (-10, 0, -1.0),
-                         (-10, 200, 1.0)]:  # subnormal, zero, negative and infinite scales
+    cases = [(ea, eb, frac, None) for ea, eb, frac in [
+        (-10, -8, 1.0), (-10, -8, 0.75), (-40, -60, 1.0), (-52, -56, 1.0), (-54, -56, 1.0), (-60, -60, 1.0),
+        (40, 60, 1.0), (48, 54, 1.0), (50, 53, 1.0), (60, 60, 1.0), (-120, 2, 1.0), (-126, 0, 1.0),
+        (-10, -140, 1.0), (-10, 0, 0.0), (-10, 0, -1.0), (-10, 200, 1.0)]]  # subnormal, 0, negative, inf
+    # a's row 3 with the E8M0 scale 2^-127 (subnormal in fp32): harmless where its partials are zero
+    # (an all-zero MXFP8 block), not where they are not
+    cases += [(-10, -8, 1.0, "zero"), (-10, -8, 1.0, "nonzero")]
+    for ea, eb, frac, tiny_row in cases:
         sa = torch.full((M, nb), 2.0 ** ea)
         sb = torch.full((N, nb), 2.0 ** eb * frac, dtype=torch.float64).float()  # frac 0.75: not a power of two
         sa[0, 0] *= 2.0  # not a constant scale
@@ -360,16 +367,22 @@ def test_fp32_epilogue_equals_the_general_epilogue(monkeypatch, rule):
         partials[0, 0, :3] = torch.tensor([0.0, -0.0, 2.0 ** -18])
         partials[1, 1, :3] = torch.tensor([p_hi, -p_hi, float("inf")])
         partials[2, 2, :2] = torch.tensor([float("nan"), -float("inf")])
+        if tiny_row:
+            sa[3, :] = 2.0 ** -127
+            partials[:, 3, :] = 0.0 if tiny_row == "zero" else torch.randn(nb, N, generator=g)
+            partials[2, 2, 0] = 1.0  # no NaN: it would send every product to the step-by-step path
         # y of the products' own size, so that a rounded product would change the sum
         y_near = (torch.randn(M, N, generator=g, dtype=torch.float64) * mags[0] * 2.0 ** (ea + eb)).float()
         for y in (torch.zeros(M, N), y_near):
-            fast = G._fp32_steps_exact(a, b, sa.t().unsqueeze(2), sb.t().unsqueeze(1))
+            sa3, sb3 = sa.t().unsqueeze(2), sb.t().unsqueeze(1)
+            fast = G._fp32_steps_exact(a, b, sa3, sb3)
             taken[fast] += 1
+            checked += not fast and G._exact_fp32_products(partials, a, b, sa3, sb3, rule == "product") is not None
             got = accumulate_blocks(partials, a, b, None, y=y.clone())
             with monkeypatch.context() as m:
-                m.setattr(G, "_fp32_steps_exact", lambda *args: False)
+                m.setattr(G, "_exact_fp32_products", lambda *args: None)
                 want = accumulate_blocks(partials, a, b, None, y=y.clone())
             assert torch.equal(got.isnan(), want.isnan())
             keep = ~got.isnan()
-            assert torch.equal(bits(got)[keep], bits(want)[keep]), (rule, ea, eb, frac, fast)
-    assert taken[True] and taken[False]  # both sides of the edge were checked
+            assert torch.equal(bits(got)[keep], bits(want)[keep]), (rule, ea, eb, frac, tiny_row, fast)
+    assert taken[True] and taken[False] and checked  # both sides of the edge, and the float64 check
