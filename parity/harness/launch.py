@@ -123,7 +123,8 @@ class LaunchConfig:
     """"spawn": every rank is a fresh interpreter (imports torch itself: about 1.3 s of CPU per rank).
     "forkserver": ranks are forked from a server process that imported torch once per parent
     process; the first launch pays that import, later launches start in well under a second.
-    Never "fork": a forked torch process inherits locks held by threads it does not have.
+    Never a plain "fork" of a process that runs other threads: the child would inherit locks held
+    by threads it does not have (a single-threaded torchrun supervisor forks, see _start_method).
     Either way a rank's stdout/stderr are the launching process's at the time of the launch."""
 
     def __post_init__(self) -> None:
