@@ -10,7 +10,7 @@ The names below load their modules on first use, so that :mod:`parity.distribute
 imported before torch.
 """
 
-from parity._lazy import lazy_getattr
+import importlib
 
 _WHERE = {
     "all_gather_into": "parity.distributed.collectives",
@@ -29,4 +29,8 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-__getattr__ = lazy_getattr(__name__, _WHERE)
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'parity.distributed' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -3,7 +3,7 @@
 The names below load their modules on first use, so that ``parity.model.config`` (the model's
 settings) can be imported without torch: scenario files are checked before torch is imported."""
 
-from parity._lazy import lazy_getattr
+import importlib
 
 _WHERE = {
     "ModelConfig": "parity.model.config",
@@ -17,4 +17,8 @@ _WHERE = {
 
 __all__ = list(_WHERE)
 
-__getattr__ = lazy_getattr(__name__, _WHERE)
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'parity.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
