@@ -21,7 +21,8 @@ __all__ = ["CPU_PINS", "pin_before_torch", "pinned_before_torch"]
 # vectorized kernels (reductions, softmax, exp/silu, the Box-Muller of randn) by instruction set,
 # MKL its GEMM and vector-math kernels by instruction set, and oneDNN (bf16 GEMMs) by instruction
 # set and cache sizes (the model therefore runs no bf16 GEMM: parity.model.matmul). Each is set
-# only where the environment does not set it already; a different value is a different platform (see parity.harness.platform), not a violation.
+# only where the environment does not set it already; a different value is a different platform
+# (see parity.harness.platform), not a violation.
 CPU_PINS: dict[str, str] = {
     # ATen's kernels at AVX2 (x86-64 servers since 2013 have it; a CPU without falls back to
     # the scalar kernels, which the platform id then names).
