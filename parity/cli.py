@@ -396,7 +396,7 @@ def cmd_run(args, argv) -> int:
         args.golden = "off" if args.resume_from else "check"
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
-    start_early()  # the input is valid: the fork server imports torch beside our own imports
+    start_early({s.device for s in scenarios})  # the input is valid: a server imports beside us
     from parity.harness import report as rep
     from parity.harness.driver import run_scenario
     from parity.harness.launch import is_report_writer

@@ -12,8 +12,9 @@ Usage::
 ``fn`` and its arguments must be picklable (``fn`` defined at module top level). Each rank is a
 fresh interpreter (``spawn``, the default) or a child of a fork server that imported torch once
 (``start_method="forkserver"``: much faster starts); never a plain ``fork`` of a caller that runs
-other threads, which a fork would not copy (a torchrun supervisor that runs none forks its rank
-itself, see below). In every rank the determinism environment is applied *before*
+other threads, which a fork would not copy (a "forkserver" caller that runs none and was pinned
+before torch loaded, as the CLI is, forks its ranks itself: see ``_start_method``; it serves the
+rendezvous store only once they are started, and sends each its port). In every rank the determinism environment is applied *before*
 ``init_process_group``, so communicators and cuBLAS see it.
 
 Failure handling. The parent watches every rank. The first rank that raises, exits non-zero, is
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -124,7 +126,8 @@ class LaunchConfig:
     "forkserver": ranks are forked from a server process that imported torch once per parent
     process; the first launch pays that import, later launches start in well under a second.
     Never a plain "fork" of a process that runs other threads: the child would inherit locks held
-    by threads it does not have (a single-threaded torchrun supervisor forks, see _start_method).
+    by threads it does not have (a single-threaded process pinned before torch forks, see
+    _start_method).
     Either way a rank's stdout/stderr are the launching process's at the time of the launch."""
 
     def __post_init__(self) -> None:
@@ -574,8 +577,8 @@ def _die_with_parent(lifeline: connection.Connection, parent_pid: int | None) ->
     """Make this rank exit as soon as the launching process dies.
 
     ``lifeline`` is this rank's end of a socket pair whose other end only the launching process
-    holds and never writes to: it turns readable (EOF) exactly when that process is gone, however
-    it went. This also covers "forkserver" ranks, whose OS parent is the fork server (the server
+    holds and no longer writes to (its one message, the store's port, has been read): it turns
+    readable (EOF) exactly when that process is gone, however it went. This also covers "forkserver" ranks, whose OS parent is the fork server (the server
     exits once the launching process and all its ranks are gone). With "spawn" the launching
     process is the OS parent, and ``PR_SET_PDEATHSIG`` (Linux) also kills the rank at once.
     """
@@ -627,6 +630,8 @@ class _RankPlan:
     local_world_size: int
     store_addr: str
     store_port: int
+    """0: the port comes over the rank's pipe, once the launching process serves the store (the
+    built-in launcher starts its ranks first, so that a fork copies a single-threaded process)."""
     store_prefix: str
     """Key prefix of this launch in the store: the process group under ``<prefix>/pg``, statuses
     under ``<prefix>/status/<rank>``."""
@@ -654,6 +659,12 @@ def _rank_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    store_port = plan.store_port
+    if not store_port:  # the one message the parent sends, before the pipe becomes the lifeline
+        try:
+            store_port = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(1)  # the parent is gone before it served the store
     _die_with_parent(conn, parent_pid)
     _adopt_std_streams(*std_fds)
     if cfg.prefix_output:
@@ -667,7 +678,7 @@ def _rank_main(
             os.environ.update(parent_env)
         os.environ.update(cfg.env)
         os.environ.update(
-            MASTER_ADDR=plan.store_addr, MASTER_PORT=str(plan.store_port), RANK=str(rank),
+            MASTER_ADDR=plan.store_addr, MASTER_PORT=str(store_port), RANK=str(rank),
             WORLD_SIZE=str(world_size), LOCAL_RANK=str(plan.local_rank),
             LOCAL_WORLD_SIZE=str(plan.local_world_size),
         )
@@ -683,7 +694,7 @@ def _rank_main(
         timeout = timedelta(seconds=cfg.timeout_s)
 
         def client() -> Any:
-            return dist.TCPStore(plan.store_addr, plan.store_port, is_master=False, timeout=timeout)
+            return dist.TCPStore(plan.store_addr, store_port, is_master=False, timeout=timeout)
 
         store = dist.PrefixStore(f"{plan.store_prefix}/pg", client())
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
@@ -873,23 +884,31 @@ class _Outcome:
 def _spawn_and_monitor(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple) -> list[Any]:
     """The built-in launcher: every rank a child of this process, which serves their store."""
     timeout = timedelta(seconds=cfg.timeout_s)
-    # The parent serves the rendezvous store: binding port 0 lets the OS pick a free port with no
-    # window in which another process could take it, and the store outlives any rank.
-    store = dist.TCPStore(cfg.master_addr, cfg.master_port, is_master=True, timeout=timeout, wait_for_workers=False)
     plans = [_RankPlan(rank=r, world_size=cfg.world_size, local_rank=r, local_world_size=cfg.world_size,
-                       store_addr=cfg.master_addr, store_port=store.port, store_prefix=_STORE_PREFIX,
+                       store_addr=cfg.master_addr, store_port=0, store_prefix=_STORE_PREFIX,
                        gather=False, launcher=cfg.start_method) for r in range(cfg.world_size)]
+    served = []
+
+    def serve() -> int:
+        # Only once the ranks are started: the store's server threads would make a fork unsafe.
+        # Binding port 0 lets the OS pick a free port with no window in which another process
+        # could take it, and the store outlives any rank.
+        served.append(dist.TCPStore(cfg.master_addr, cfg.master_port, is_master=True, timeout=timeout,
+                                    wait_for_workers=False))
+        return served[0].port
+
     try:
-        out = _supervise(fn, cfg, args, plans, abort=None)
+        out = _supervise(fn, cfg, args, plans, abort=None, serve=serve)
         if out.failures:
             statuses = {}
-            ns = dist.PrefixStore(_STORE_PREFIX, store)
-            for rank in range(cfg.world_size):
-                if ns.check([f"status/{rank}"]):
-                    statuses[rank] = json.loads(ns.get(f"status/{rank}"))
+            if served:
+                ns = dist.PrefixStore(_STORE_PREFIX, served[0])
+                for rank in range(cfg.world_size):
+                    if ns.check([f"status/{rank}"]):
+                        statuses[rank] = json.loads(ns.get(f"status/{rank}"))
             raise RankFailure(out.failures, out.stopped, out.pids, statuses)
     finally:
-        del store
+        served.clear()
     return [out.results[rank] for rank in range(cfg.world_size)]
 
 
@@ -903,23 +922,25 @@ def _single_threaded() -> bool:
 
 
 def _start_method(cfg: LaunchConfig, launcher: str) -> str:
-    """How this process starts its ranks: ``cfg.start_method``, except that a torchrun supervisor
-    asked for "forkserver" forks its rank itself when it was pinned before torch loaded and runs a
-    single thread (torchrun's agent serves the store it talks to). It has imported torch and the
-    stack already, so its fork is what a fork server would give the rank, without a server
-    importing them all again."""
-    if (cfg.start_method == "forkserver" and launcher == "torchrun" and pinned_before_torch()
-            and _single_threaded()):
+    """How this process starts its ranks: ``cfg.start_method``, except that a process asked for
+    "forkserver" forks its ranks itself when it was pinned before torch loaded (as the CLI is) and
+    runs a single thread: it has imported torch and the stack already, so its fork is what a fork
+    server would give a rank, without a server importing them all again. The built-in launcher
+    does so for CPU ranks only (a CUDA driver the parent may have touched does not survive a
+    fork); a torchrun supervisor's rank finds its GPU after the fork."""
+    if (cfg.start_method == "forkserver" and (launcher == "torchrun" or cfg.device == "cpu")
+            and pinned_before_torch() and _single_threaded()):
         return "fork"
     return cfg.start_method
 
 
 def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: list[_RankPlan],
-               abort: Callable[[], str | None] | None) -> _Outcome:
+               abort: Callable[[], str | None] | None, serve: Callable[[], int] | None = None) -> _Outcome:
     """Start one child per plan, watch them until all delivered or one failed, stop the rest.
 
     ``abort``: polled every ``_POLL_S``; a reason it returns (another node's rank failed) stops
-    this process's ranks as a failure here would."""
+    this process's ranks as a failure here would. ``serve``: called once every rank is started;
+    the port it returns goes to each rank over its pipe (plans with ``store_port`` 0)."""
     if not cfg.allow_nondeterministic:
         # Fail before starting anything (each rank would raise the same DeterminismError);
         # checked on a copy, the parent's environment is left alone.
@@ -932,6 +953,11 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
         ) from None
 
     method = _start_method(cfg, plans[0].launcher)
+    if method == "fork":
+        from parity.harness.forkserver import PRELOAD
+
+        for name in PRELOAD:  # once here, rather than once in every rank
+            importlib.import_module(name)
     if method == "forkserver":
         from parity.harness.forkserver import context
 
@@ -962,6 +988,13 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
             proc.start()
             child_end.close()  # only the rank holds its end: EOF there means the rank is gone
             mon.procs[plan.rank], mon.conns[plan.rank] = proc, parent_end
+        if serve is not None:
+            port = pickle.dumps(serve())
+            for conn in mon.conns.values():
+                try:
+                    conn.send_bytes(port)
+                except OSError:
+                    pass  # that rank is gone already: its exit is judged below
 
         while mon.pending() and not mon.failures:
             wait_s = None if deadline is None else deadline - time.monotonic()

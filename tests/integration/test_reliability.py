@@ -95,19 +95,21 @@ def _marked_pids(marker: str) -> list[int]:
 
 
 def _rank_pids(marker: str) -> list[int]:
-    """The marked processes the fork server forked: the ranks (the fork server and the resource
-    tracker are the parity process's children, a rank is the fork server's)."""
-    def ppid(p):
+    """The marked processes that are forks of their parent: the ranks (forked by the parity
+    process itself, or by its fork server; the server and the resource tracker are started as
+    new programs, so their command lines differ from their parent's)."""
+    def stat(p):
         try:
             with open(f"/proc/{p}/stat") as f:
-                return int(f.read().rsplit(")", 1)[1].split()[1])
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return ppid, f.read()
         except OSError:
-            return None
+            return None, None
 
     pids = _marked_pids(marker)
-    parents = {p for p in pids if ppid(p) not in pids}  # started by the test: the parity processes
-    helpers = {p for p in pids if ppid(p) in parents}
-    return [p for p in pids if ppid(p) in helpers]
+    info = {p: stat(p) for p in pids}
+    return [p for p, (ppid, cmd) in info.items() if ppid in info and cmd is not None and cmd == info[ppid][1]]
 
 
 def assert_no_orphans(marker: str, within_s: float = 15.0) -> None:

@@ -299,19 +299,21 @@ if sys.argv[1] == "pinned":
     pin_before_torch()
 from parity.harness import driver  # what `parity run` imports before it launches
 from parity.harness.launch import LaunchConfig, _start_method, _single_threaded
-cfg = LaunchConfig(world_size=1, start_method="forkserver")
-print(_start_method(cfg, "torchrun"), _start_method(cfg, "forkserver"), _single_threaded(),
-      os.environ.get("ATEN_CPU_CAPABILITY"))
+cpu = LaunchConfig(world_size=1, start_method="forkserver")
+cuda = LaunchConfig(world_size=1, start_method="forkserver", device="cuda")
+print(_start_method(cpu, "torchrun"), _start_method(cpu, "forkserver"), _start_method(cuda, "forkserver"),
+      _single_threaded(), os.environ.get("ATEN_CPU_CAPABILITY"))
 """
 
 
-@pytest.mark.parametrize("pinned, want", [("pinned", "fork forkserver True avx2"),
-                                          ("unpinned", "forkserver forkserver")])
-def test_a_pinned_single_threaded_supervisor_forks_its_rank(pinned, want):
-    """The CLI pins a torchrun supervisor before torch loads; it then runs one thread after
-    importing the stack, and forks its rank instead of starting a fork server that imports it all
-    again. Not pinned (a library caller), it uses the fork server: its kernels may not be the
-    pinned ones, and a fork would pass them on."""
+@pytest.mark.parametrize("pinned, want", [("pinned", "fork fork forkserver True avx2"),
+                                          ("unpinned", "forkserver forkserver forkserver")])
+def test_a_pinned_single_threaded_process_forks_its_ranks(pinned, want):
+    """The CLI pins itself (a torchrun supervisor too) before torch loads; it then runs one thread
+    after importing the stack, and forks its ranks instead of starting a fork server that imports it
+    all again; the built-in launcher keeps the server for CUDA ranks. Not pinned (a library
+    caller), it uses the fork server: its kernels may not be the pinned ones, and a fork would
+    pass them on."""
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
                                                             "OPENBLAS_NUM_THREADS")}
     r = subprocess.run([sys.executable, "-c", _START_METHOD_PROBE, pinned], capture_output=True, text=True,
