@@ -576,11 +576,13 @@ def _adopt_std_streams(stdout_fd: int, stderr_fd: int) -> None:
 def _die_with_parent(lifeline: connection.Connection, parent_pid: int | None) -> None:
     """Make this rank exit as soon as the launching process dies.
 
-    ``lifeline`` is this rank's end of a socket pair whose other end only the launching process
-    holds and no longer writes to (its one message, the store's port, has been read): it turns
-    readable (EOF) exactly when that process is gone, however it went. This also covers "forkserver" ranks, whose OS parent is the fork server (the server
-    exits once the launching process and all its ranks are gone). With "spawn" the launching
-    process is the OS parent, and ``PR_SET_PDEATHSIG`` (Linux) also kills the rank at once.
+    ``lifeline`` is this rank's end of a socket pair whose other end the launching process holds
+    and no longer writes to (its one message, the store's port, has been read): it turns readable
+    (EOF) when that process is gone, however it went. This also covers "forkserver" ranks, whose
+    OS parent is the fork server (the server exits once the launching process and all its ranks
+    are gone). With "spawn" or "fork" the launching process is the OS parent, and
+    ``PR_SET_PDEATHSIG`` (Linux) also kills the rank at once; that also covers a forked rank whose
+    later-forked siblings inherited a copy of the other end.
     """
     if parent_pid is not None:
         if sys.platform.startswith("linux"):
