@@ -82,6 +82,7 @@ def _progress_rank_main(ctx, scenario, opts):
     res["host"] = state["host"]  # where this rank's snapshot files are (OUT may be per node)
     res["entered_at"] = entered_at  # the parent's launch time to this: rank start-up
     res["started"] = dict(ctx.started)
+    res["start_method"] = ctx.launcher
     return res
 
 
@@ -94,7 +95,8 @@ def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: 
                         # Ranks fork from a server that imported torch and the stack once (seconds
                         # saved per launch; on CUDA also the loading of torch's CUDA libraries). The
                         # server never touches CUDA, so no CUDA state is forked: torch refuses CUDA
-                        # in a child forked after CUDA was initialized.
+                        # in a child forked after CUDA was initialized. The CLI forks CPU ranks
+                        # itself (parity.harness.launch._start_method).
                         start_method="forkserver")
 
 

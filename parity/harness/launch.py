@@ -177,7 +177,8 @@ class RankContext:
     device: torch.device
     backend: str
     launcher: str
-    """How this rank was started: "spawn" or "forkserver" (by :func:`launch`), or "torchrun"."""
+    """How this rank was started: "spawn", "forkserver" or "fork" (by :func:`launch` itself), or
+    "torchrun"."""
     determinism: dict[str, Any]
     """What :func:`~parity.distributed.determinism.apply_determinism` applied in this rank."""
     status_store: Any = field(default=None, repr=False, compare=False)
@@ -955,6 +956,8 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
         ) from None
 
     method = _start_method(cfg, plans[0].launcher)
+    if plans[0].launcher != "torchrun":
+        plans = [dataclasses.replace(plan, launcher=method) for plan in plans]
     if method == "fork":
         from parity.harness.forkserver import PRELOAD
 
