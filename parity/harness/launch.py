@@ -14,8 +14,9 @@ fresh interpreter (``spawn``, the default) or a child of a fork server that impo
 (``start_method="forkserver"``: much faster starts); never a plain ``fork`` of a caller that runs
 other threads, which a fork would not copy (a "forkserver" caller that runs none and was pinned
 before torch loaded, as the CLI is, forks its ranks itself: see ``_start_method``; it serves the
-rendezvous store only once they are started, and sends each its port). In every rank the determinism environment is applied *before*
-``init_process_group``, so communicators and cuBLAS see it.
+rendezvous store only once they are started, and sends each its port). In every rank the
+determinism environment is applied *before* ``init_process_group``, so communicators and cuBLAS
+see it.
 
 Failure handling. The parent watches every rank. The first rank that raises, exits non-zero, is
 killed, or exits without returning a result ends the run: the parent terminates the other ranks
