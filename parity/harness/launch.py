@@ -931,7 +931,7 @@ def _start_method(cfg: LaunchConfig, launcher: str) -> str:
     runs a single thread: it has imported torch and the stack already, so its fork is what a fork
     server would give a rank, without a server importing them all again. The built-in launcher
     does so for CPU ranks only (a CUDA driver the parent may have touched does not survive a
-    fork); a torchrun supervisor's rank finds its GPU after the fork."""
+    fork). A torchrun supervisor that touched CUDA runs driver threads, and so keeps the server."""
     if (cfg.start_method == "forkserver" and (launcher == "torchrun" or cfg.device == "cpu")
             and pinned_before_torch() and _single_threaded()):
         return "fork"
