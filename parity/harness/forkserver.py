@@ -6,14 +6,16 @@ imports: it never initializes CUDA, so every rank creates its own CUDA context (
 in a child forked after CUDA was initialized, so a mistake here fails loudly). A command starts
 the server once its input is valid (those checks need no torch), so the server's imports run
 beside the parent's own torch import, and bad input never pays for either (this module imports no
-torch, so the start costs the parent nothing). The CLI's own CPU ranks need no server: it forks
-them itself (see :func:`start_early`).
+torch, so the start costs the parent nothing). On a machine with few CPUs the CLI's own CPU ranks
+need no server: it forks them itself (:data:`FORK_MAX_CPUS`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 
+from parity.distributed.pins import pinned_before_torch
 from parity.harness.torchrun_env import under_torchrun
 
 PRELOAD = ["parity.harness.launch", "torch._inductor.config", "parity.harness.driver"]
@@ -22,6 +24,28 @@ them again: torch with the launcher; torch._inductor.config, which torch.use_det
 imports, and with it torch._dynamo, which torch.optim.Optimizer imports when it adds its first
 param group (about 2 s of CPU per rank otherwise); the runner with the whole stack (what a rank's
 entry point unpickles)."""
+
+
+FORK_MAX_CPUS = 2
+"""A command pinned before torch (the CLI) forks its CPU ranks itself on a machine with at most this
+many usable CPUs: there a fork server's imports compete with the command's own for the same cores,
+and forking saves a whole import of torch, the stack and torch._dynamo (about 1.7 core-seconds a
+command on 2 cores, docs/measurements.md, fifth session). With more CPUs the server, started as
+soon as the input is valid, imports on an idle core beside the command and its ranks start sooner
+(1.5-2.5 s sooner on a 16-CPU H200 host, same page)."""
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def forks_cpu_ranks() -> bool:
+    """Whether this process forks its CPU ranks itself (built-in launcher) rather than using a fork
+    server, provided it still runs a single thread when it launches (parity.harness.launch)."""
+    return pinned_before_torch() and usable_cpus() <= FORK_MAX_CPUS
 
 
 def context():
@@ -34,12 +58,9 @@ def context():
 def start_early(devices=("cpu",)) -> None:
     """Start the fork server now, in the background, for ranks on ``devices``. A no-op under
     torchrun (its supervisors start ranks themselves), when the server runs already, or when the
-    ranks will be forked from this process instead: CPU ranks of a process pinned before torch
-    loaded (parity.harness.launch._start_method; should that process run a second thread by the
-    time it launches, the server starts then)."""
-    from parity.distributed.pins import pinned_before_torch
-
-    if under_torchrun() or (pinned_before_torch() and set(devices) <= {"cpu"}):
+    ranks will be forked from this process instead (:func:`forks_cpu_ranks`, CPU ranks only;
+    should the process run a second thread by the time it launches, the server starts then)."""
+    if under_torchrun() or (forks_cpu_ranks() and set(devices) <= {"cpu"}):
         return
     from multiprocessing import forkserver
 

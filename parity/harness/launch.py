@@ -71,6 +71,7 @@ import torch.distributed as dist
 
 from parity.distributed.determinism import apply_determinism
 from parity.distributed.pins import pinned_before_torch
+from parity.harness.forkserver import PRELOAD, context, forks_cpu_ranks
 from parity.harness.torchrun_env import under_torchrun
 
 __all__ = [
@@ -929,13 +930,16 @@ def _start_method(cfg: LaunchConfig, launcher: str) -> str:
     """How this process starts its ranks: ``cfg.start_method``, except that a process asked for
     "forkserver" forks its ranks itself when it was pinned before torch loaded (as the CLI is) and
     runs a single thread: it has imported torch and the stack already, so its fork is what a fork
-    server would give a rank, without a server importing them all again. The built-in launcher
-    does so for CPU ranks only (a CUDA driver the parent may have touched does not survive a
-    fork). A torchrun supervisor that touched CUDA runs driver threads, and so keeps the server."""
-    if (cfg.start_method == "forkserver" and (launcher == "torchrun" or cfg.device == "cpu")
-            and pinned_before_torch() and _single_threaded()):
-        return "fork"
-    return cfg.start_method
+    server would give a rank, without a server importing them all again. A torchrun supervisor
+    always does (no server started early for it to gain from; one that touched CUDA runs driver
+    threads, and so keeps the server); the built-in launcher for CPU ranks on a machine with few
+    CPUs (parity.harness.forkserver.FORK_MAX_CPUS; a CUDA driver the parent may have touched does
+    not survive a fork)."""
+    if cfg.start_method != "forkserver" or not _single_threaded():
+        return cfg.start_method
+    if launcher == "torchrun":
+        return "fork" if pinned_before_torch() else cfg.start_method
+    return "fork" if cfg.device == "cpu" and forks_cpu_ranks() else cfg.start_method
 
 
 def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: list[_RankPlan],
@@ -960,13 +964,9 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
     if plans[0].launcher != "torchrun":
         plans = [dataclasses.replace(plan, launcher=method) for plan in plans]
     if method == "fork":
-        from parity.harness.forkserver import PRELOAD
-
         for name in PRELOAD:  # once here, rather than once in every rank
             importlib.import_module(name)
     if method == "forkserver":
-        from parity.harness.forkserver import context
-
         ctx = context()  # the server imported torch and the stack once (parity/harness/forkserver.py)
     else:
         ctx = mp.get_context(method)

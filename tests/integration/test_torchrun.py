@@ -298,7 +298,9 @@ from parity.distributed.pins import pin_before_torch
 if sys.argv[1] == "pinned":
     pin_before_torch()
 from parity.harness import driver  # what `parity run` imports before it launches
+from parity.harness import forkserver
 from parity.harness.launch import LaunchConfig, _start_method, _single_threaded
+forkserver.usable_cpus = lambda: int(sys.argv[2])  # a machine with that many CPUs
 cpu = LaunchConfig(world_size=1, start_method="forkserver")
 cuda = LaunchConfig(world_size=1, start_method="forkserver", device="cuda")
 print(_start_method(cpu, "torchrun"), _start_method(cpu, "forkserver"), _start_method(cuda, "forkserver"),
@@ -306,17 +308,19 @@ print(_start_method(cpu, "torchrun"), _start_method(cpu, "forkserver"), _start_m
 """
 
 
-@pytest.mark.parametrize("pinned, want", [("pinned", "fork fork forkserver True avx2"),
-                                          ("unpinned", "forkserver forkserver forkserver")])
-def test_a_pinned_single_threaded_process_forks_its_ranks(pinned, want):
+@pytest.mark.parametrize("pinned, cpus, want", [("pinned", 2, "fork fork forkserver True avx2"),
+                                                ("pinned", 16, "fork forkserver forkserver True avx2"),
+                                                ("unpinned", 2, "forkserver forkserver forkserver")])
+def test_a_pinned_single_threaded_process_forks_its_ranks(pinned, cpus, want):
     """The CLI pins itself (a torchrun supervisor too) before torch loads; it then runs one thread
-    after importing the stack, and forks its ranks instead of starting a fork server that imports it
-    all again; the built-in launcher keeps the server for CUDA ranks. Not pinned (a library
-    caller), it uses the fork server: its kernels may not be the pinned ones, and a fork would
-    pass them on."""
+    after importing the stack. A torchrun supervisor forks its rank instead of starting a fork
+    server that imports it all again; so does the built-in launcher for CPU ranks on a machine with
+    few CPUs (with more, the server started early imports beside the command), never for CUDA
+    ranks. Not pinned (a library caller), it uses the fork server: its kernels may not be the
+    pinned ones, and a fork would pass them on."""
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
                                                             "OPENBLAS_NUM_THREADS")}
-    r = subprocess.run([sys.executable, "-c", _START_METHOD_PROBE, pinned], capture_output=True, text=True,
-                       timeout=120, env=env)
+    r = subprocess.run([sys.executable, "-c", _START_METHOD_PROBE, pinned, str(cpus)], capture_output=True,
+                       text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith(want), r.stdout
