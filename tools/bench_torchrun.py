@@ -1,6 +1,7 @@
 """Wall time of `parity run` under torchrun on this host: two torchrun agents on 127.0.0.1 stand in
 for two nodes (``--nnodes 2 --nproc-per-node 2``, c10d rendezvous), and, for comparison, the same
-scenario with the built-in launcher. The scenario is world 4, EP 2, MoE, one layer, 3 steps.
+scenario with the built-in launcher. The scenario is the torchrun tests' (tests/assets/tiny4.toml:
+world 4, EP 2, MoE, one layer, 3 steps).
 Prints seconds from start to the last process's exit; asserts nothing. To compare two trees, run
 it in each (from the tree's root), alternately.
 
@@ -11,27 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-SCENARIO = """\
-name = "tiny4"
-world = 4
-ep = 2
-moe = true
-steps = 3
-model = { num_layers = 1, seq_len = 16, micro_batch = 1 }
-"""
+from parity.harness.launch import free_port
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SCENARIO = Path(__file__).parents[1] / "tests" / "assets" / "tiny4.toml"
 
 
 def _timed(cmds: list[list[str]], cwd: str) -> tuple[float, list[int]]:
@@ -46,11 +35,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     here = os.getcwd()
+    scen = SCENARIO
     with tempfile.TemporaryDirectory() as tmp:
-        scen = Path(tmp) / "tiny4.toml"
-        scen.write_text(SCENARIO)
         for i in range(args.repeat):
-            port = _free_port()
+            port = free_port()
             agents = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
                        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                        "--rdzv-id", f"bench{port}", "--max-restarts", "0", "-m", "parity.cli", "run", str(scen),

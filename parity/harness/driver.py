@@ -95,8 +95,8 @@ def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: 
                         # Ranks fork from a server that imported torch and the stack once (seconds
                         # saved per launch; on CUDA also the loading of torch's CUDA libraries). The
                         # server never touches CUDA, so no CUDA state is forked: torch refuses CUDA
-                        # in a child forked after CUDA was initialized. The CLI forks CPU ranks
-                        # itself (parity.harness.launch._start_method).
+                        # in a child forked after CUDA was initialized. On a machine with few
+                        # CPUs the CLI forks CPU ranks itself (parity.harness.launch._start_method).
                         start_method="forkserver")
 
 

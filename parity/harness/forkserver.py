@@ -36,6 +36,7 @@ soon as the input is valid, imports on an idle core beside the command and its r
 
 
 def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask on Linux)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

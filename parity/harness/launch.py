@@ -13,8 +13,9 @@ Usage::
 fresh interpreter (``spawn``, the default) or a child of a fork server that imported torch once
 (``start_method="forkserver"``: much faster starts); never a plain ``fork`` of a caller that runs
 other threads, which a fork would not copy (a "forkserver" caller that runs none and was pinned
-before torch loaded, as the CLI is, forks its ranks itself: see ``_start_method``; it serves the
-rendezvous store only once they are started, and sends each its port). In every rank the
+before torch loaded, as the CLI is, forks its ranks itself where that is faster: a torchrun
+supervisor, or CPU ranks on a machine with few CPUs, see ``_start_method``; the built-in launcher
+serves the rendezvous store only once its ranks are started, and sends each its port). In every rank the
 determinism environment is applied *before* ``init_process_group``, so communicators and cuBLAS
 see it.
 

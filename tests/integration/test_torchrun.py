@@ -28,14 +28,7 @@ PARITY = [sys.executable, "-m", "parity.cli"]
 MARKER_VAR = "PARITY_TORCHRUN_MARKER"
 AGENT_TIMEOUT_S = 300
 
-TINY4 = """\
-name = "tiny4"
-world = 4
-ep = 2
-moe = true
-steps = 3
-model = { num_layers = 1, seq_len = 16, micro_batch = 1 }
-"""
+TINY4 = Path(__file__).parents[1] / "assets" / "tiny4.toml"
 
 
 def _env(marker: str) -> dict:
@@ -166,7 +159,7 @@ def parity(*args, timeout: float = 300) -> subprocess.CompletedProcess:
 @pytest.fixture
 def tiny4(tmp_path) -> Path:
     path = tmp_path / "tiny4.toml"
-    path.write_text(TINY4)
+    path.write_text(TINY4.read_text())
     return path
 
 
