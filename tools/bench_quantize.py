@@ -37,7 +37,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 #: alternatives tried by --sweep (the current tq.CONFIG entry is always timed first)
 SWEEP = {
-    "1x128_both": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8}],
+    # one program per 128x128 tile, or the tile shared by rowwise and columnwise programs (PAIR)
+    "1x128_both": [{"SUB": 32, "BC": 128, "num_warps": 4}, {"SUB": 32, "BC": 128, "num_warps": 8}] + [
+        {"PAIR": True, "RSUB": r, "CBC": c, "num_warps": w}
+        for r, c, w in ((8, 32, 1), (8, 32, 2), (8, 32, 4), (16, 32, 2), (16, 32, 4), (16, 64, 4),
+                        (4, 32, 1), (4, 32, 2), (8, 16, 1), (8, 64, 2))],
     "1x128_row": [{"SUB": 8, "BC": 128, "num_warps": 4}, {"SUB": 16, "BC": 128, "num_warps": 8}],
     "1x128_col": [{"SUB": 32, "BC": 32, "num_warps": 2}, {"SUB": 32, "BC": 64, "num_warps": 4}],
     "128x128": [{"num_warps": 2}, {"num_warps": 4}, {"num_warps": 8}],

@@ -1,11 +1,15 @@
 """Triton kernels for the blockwise (1x128 / 128x128) and MXFP8 quantizers, byte-identical to the
 torch reference in :mod:`parity.fp8.quantize` (spec: docs/spec/te.md sections 1.2, 1.3, 2.2, 2.3).
 
-One launch per call and one read of the input: each program loads one tile of ``x`` into registers
-and writes, from those registers, the rowwise and the columnwise FP8 bytes and both scale grids
+One launch per call, and the input read from HBM once: a program loads one tile of ``x`` into
+registers and writes, from those registers, the rowwise and/or the columnwise FP8 bytes and scales
 (NaN-ignoring block amax, the scale rule of docs/spec/te.md 1.2 or the E8M0 exponent of docs/spec/te.md 2.2, the fp32
-multiply, the saturating round-to-nearest-even cast and the canonical NaN byte 0x7F). Storage
-tensors have exactly the layout and zero padding of :mod:`parity.fp8.quantize`.
+multiply, the saturating round-to-nearest-even cast and the canonical NaN byte 0x7F). For 1x128
+with both usages (the common call) one tile is shared by small programs launched side by side,
+some writing its rowwise bytes and some its columnwise bytes (``_bw_pair_kernel``): the tile
+comes from HBM once and its second read from L2, and on an H200 that measured faster than one
+program holding the whole tile (docs/measurements.md). Storage tensors have exactly the layout
+and zero padding of :mod:`parity.fp8.quantize`.
 
     quantize_triton(x, recipe, *, block=None, fp8_dtype="e4m3", pow2_scales=True, eps=0.0,
                     rowwise=True, columnwise=True) -> QuantizedTensor
@@ -230,12 +234,12 @@ if triton is not None:
     def _max4(a0, a1, a2, a3):
         return tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3))
 
-    @triton.jit(do_not_specialize=["rs_ld", "cs_ld", "eps", "vinf_bits", "pow2_mask"])
-    def _bw_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
-                   FMAX: tl.constexpr, E5: tl.constexpr, TILE2D: tl.constexpr, DO_ROW: tl.constexpr,
-                   DO_COL: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr,
-                   EVEN: tl.constexpr, OFF64: tl.constexpr, SAT: tl.constexpr, ASM: tl.constexpr):
-        """Blockwise 1x128 (TILE2D False) or 128x128 (TILE2D True) blocks of x [M, K].
+    @triton.jit
+    def _bw_tile(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask, pr, pc,
+                 FMAX: tl.constexpr, E5: tl.constexpr, TILE2D: tl.constexpr, DO_ROW: tl.constexpr,
+                 DO_COL: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr,
+                 EVEN: tl.constexpr, OFF64: tl.constexpr, SAT: tl.constexpr, ASM: tl.constexpr):
+        """Blockwise 1x128 (TILE2D False) or 128x128 (TILE2D True) blocks of x [M, K], tile (pr, pc).
 
         Program (pr, pc) reads the tile x[pr*4*SUB : +4*SUB, pc*BC : +BC] once, as four row
         sub-tiles x_j = rows pr*4*SUB + 4i + j (i < SUB): every row of the tile is in one of
@@ -251,8 +255,6 @@ if triton is not None:
         as 32-bit words of four rows, cq_ptr then points to int32, M % 4 == 0), scale_inv grid
         [Mb, cs_ld] element [mb, k] (1x128) or [Kb, cs_ld] element [kb, mb] (128x128).
         """
-        pr = tl.program_id(0)
-        pc = tl.program_id(1)
         i = tl.arange(0, SUB)
         c = tl.arange(0, BC)
         if OFF64:
@@ -344,6 +346,41 @@ if triton is not None:
                 _store(cp + 2, tl.trans(q2), cmask[:, None] & (rows + 2 < M)[None, :], EVEN)
                 _store(cp + 3, tl.trans(q3), cmask[:, None] & (rows + 3 < M)[None, :], EVEN)
 
+    @triton.jit(do_not_specialize=["rs_ld", "cs_ld", "eps", "vinf_bits", "pow2_mask"])
+    def _bw_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
+                   FMAX: tl.constexpr, E5: tl.constexpr, TILE2D: tl.constexpr, DO_ROW: tl.constexpr,
+                   DO_COL: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr,
+                   EVEN: tl.constexpr, OFF64: tl.constexpr, SAT: tl.constexpr, ASM: tl.constexpr):
+        """Program (pr, pc) quantizes tile (pr, pc) in the usages asked for."""
+        _bw_tile(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
+                 tl.program_id(0), tl.program_id(1), FMAX, E5, TILE2D, DO_ROW, DO_COL, SUB, BC, PACK,
+                 EVEN, OFF64, SAT, ASM)
+
+    @triton.jit(do_not_specialize=["rs_ld", "cs_ld", "eps", "vinf_bits", "pow2_mask"])
+    def _bw_pair_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
+                        n_tc, FMAX: tl.constexpr, E5: tl.constexpr, RSUB: tl.constexpr, CBC: tl.constexpr,
+                        PACK: tl.constexpr, EVEN: tl.constexpr, OFF64: tl.constexpr, SAT: tl.constexpr,
+                        ASM: tl.constexpr):
+        """1x128, both usages, by small programs that share a 128x128 tile: of the NR + NC programs
+        of tile t (n_tc tiles per tile row), the first NR = 32 / RSUB write its rowwise bytes
+        (4*RSUB rows x 128 columns each), the other NC = 128 / CBC its columnwise bytes (128 rows
+        x CBC columns each). They run side by side, so the tile comes from HBM once and its second
+        read from L2, and no program holds the whole tile in registers."""
+        NR: tl.constexpr = 32 // RSUB
+        NC: tl.constexpr = 128 // CBC
+        p = tl.program_id(0)
+        t = p // (NR + NC)
+        j = p % (NR + NC)
+        tr = t // n_tc
+        tc = t % n_tc
+        if j < NR:
+            _bw_tile(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
+                     tr * NR + j, tc, FMAX, E5, False, True, False, RSUB, 128, PACK, EVEN, OFF64, SAT, ASM)
+        else:
+            _bw_tile(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld, eps, vinf_bits, pow2_mask,
+                     tr, tc * NC + (j - NR), FMAX, E5, False, False, True, 32, CBC, PACK, EVEN, OFF64, SAT,
+                     ASM)
+
     @triton.jit(do_not_specialize=["rs_ld", "cs_ld"])
     def _mx_kernel(x_ptr, rq_ptr, rs_ptr, cq_ptr, cs_ptr, M, K, rs_ld, cs_ld,
                    FMAX: tl.constexpr, RCP: tl.constexpr, E5: tl.constexpr,
@@ -391,9 +428,10 @@ if triton is not None:
 # ------------------------------------------------------------------------------------------------
 
 #: tiles and warps per recipe/usage (SUB: rows per sub-tile, a program reads 4*SUB rows; BC:
-#: columns; NB: 32-column blocks per MXFP8 program); tools/bench_quantize.py --sweep times others.
+#: columns; NB: 32-column blocks per MXFP8 program; PAIR: _bw_pair_kernel, whose rowwise programs
+#: read 4*RSUB rows and columnwise programs CBC columns); tools/bench_quantize.py --sweep times others.
 CONFIG = {
-    "1x128_both": {"SUB": 32, "BC": 128, "num_warps": 8},
+    "1x128_both": {"PAIR": True, "RSUB": 8, "CBC": 32, "num_warps": 2},
     "1x128_row": {"SUB": 8, "BC": 128, "num_warps": 4},
     "1x128_col": {"SUB": 32, "BC": 32, "num_warps": 2},
     "128x128": {"num_warps": 4},
@@ -468,21 +506,33 @@ def _make_plan(x2, recipe, block, fp8, pow2, eps, rowwise, columnwise, cfg) -> _
         return _Plan(_mx_kernel, (M // MX_BLOCK_LEN, _ceil_div(nkb, cfg["NB"])),
                      dict(flags, RCP=FP8_RCP_MAX[fp8], EVEN=nkb % cfg["NB"] == 0, **cfg),
                      outputs, (rs[0][1] if rowwise else 0, cs[0][1] if columnwise else 0), False)
+    cfg = dict(cfg)
+    pair = cfg.pop("PAIR", False) and rowwise and columnwise
     Mb, Kb = _ceil_div(M, BLOCK_LEN), _ceil_div(K, BLOCK_LEN)
     if block == "1x128":
         rs = grid_spec(Kb, _pad_to(M, 4), Kb, M, f32)
         cs = grid_spec(Mb, _pad_to(K, 4), Mb, K, f32)
-        if (rowwise and cfg["BC"] != BLOCK_LEN) or (columnwise and 4 * cfg["SUB"] != BLOCK_LEN):
+        if pair:
+            if 32 % cfg["RSUB"] or BLOCK_LEN % cfg["CBC"]:
+                raise ValueError(f"bad 1x128 pair config {cfg}: RSUB must divide 32 and CBC {BLOCK_LEN}")
+        elif (rowwise and cfg["BC"] != BLOCK_LEN) or (columnwise and 4 * cfg["SUB"] != BLOCK_LEN):
             raise ValueError(f"bad 1x128 tile config {cfg}: the blocked dim must be {BLOCK_LEN}")
     else:
         rs = grid_spec(Mb, _pad_to(Kb, 4), Mb, Kb, f32)
         cs = grid_spec(Kb, _pad_to(Mb, 4), Kb, Mb, f32)
         cfg = dict(cfg, SUB=BLOCK_LEN // 4, BC=BLOCK_LEN)
-    BR = 4 * cfg["SUB"]
     pack = columnwise and M % 4 == 0  # columnwise bytes written as 32-bit words of four rows
     outputs = (((M, K), u8, False) if rowwise else None, rs if rowwise else None,
                ((K, M), u8, False) if columnwise else None, cs if columnwise else None)
     eps32 = float(torch.tensor(eps, dtype=torch.float32)) if eps else 0.0  # the fp32 value torch uses
+    if pair and block == "1x128":
+        meta = dict(flags, PACK=pack, EVEN=M % BLOCK_LEN == 0 and K % BLOCK_LEN == 0, **cfg)
+        del meta["DO_ROW"], meta["DO_COL"]
+        per_tile = 32 // cfg["RSUB"] + BLOCK_LEN // cfg["CBC"]
+        return _Plan(_bw_pair_kernel, (per_tile * Mb * Kb, 1), meta, outputs,
+                     (rs[0][1], cs[0][1], eps32, _VINF_BITS[x2.dtype], _SIGN_EXP_MASK if pow2 else -1, Kb),
+                     pack)
+    BR = 4 * cfg["SUB"]
     return _Plan(_bw_kernel, (_ceil_div(M, BR), _ceil_div(K, cfg["BC"])),
                  dict(flags, TILE2D=block == "128x128", PACK=pack, EVEN=M % BR == 0 and K % cfg["BC"] == 0,
                       **cfg),
