@@ -172,6 +172,19 @@ def validate_determinism_env(env: Mapping[str, str]) -> list[str]:
     return violations
 
 
+def _deterministic_algorithms(mode: bool) -> None:
+    """torch.use_deterministic_algorithms(mode, warn_only=False), less its one other effect: it also
+    sets torch._inductor.config.deterministic, and importing inductor's config imports
+    torch._dynamo, about 1 s of CPU in every rank process (docs/measurements.md, sixth session),
+    for a flag that only torch.compile reads; the stack never compiles. The public function where
+    a torch release lacks the setter it calls."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(mode, warn_only=False)
+    else:
+        setter(mode, warn_only=False)
+
+
 def apply_determinism(
     env: MutableMapping[str, str] = os.environ,
     *,
@@ -232,7 +245,7 @@ def apply_determinism(
         # index_add_, scatter_add_, index_put_ with accumulate, sort, cumsum, softmax/norm
         # backward, fp8 casts, ...) all have deterministic CPU kernels in torch 2.13, checked
         # one by one; a nondeterministic op should fail loudly here, not drift quietly.
-        torch.use_deterministic_algorithms(True, warn_only=False)
+        _deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing
         if num_threads is not None:

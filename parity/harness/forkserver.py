@@ -18,21 +18,20 @@ import os
 from parity.distributed.pins import pinned_before_torch
 from parity.harness.torchrun_env import under_torchrun
 
-PRELOAD = ["parity.harness.launch", "torch._inductor.config", "parity.harness.driver"]
+PRELOAD = ["parity.harness.launch", "parity.harness.driver"]
 """Imported once, in the server (or in a process that forks its ranks itself), so no rank imports
-them again: torch with the launcher; torch._inductor.config, which torch.use_deterministic_algorithms
-imports, and with it torch._dynamo, which torch.optim.Optimizer imports when it adds its first
-param group (about 2 s of CPU per rank otherwise); the runner with the whole stack (what a rank's
-entry point unpickles)."""
+them again: torch with the launcher, the runner with the whole stack (what a rank's entry point
+unpickles). Nothing a rank runs imports torch._dynamo (about 1 s of CPU more):
+parity.optim.eager and parity.distributed.determinism avoid the two torch calls that would."""
 
 
 FORK_MAX_CPUS = 2
 """A command pinned before torch (the CLI) forks its CPU ranks itself on a machine with at most this
 many usable CPUs: there a fork server's imports compete with the command's own for the same cores,
-and forking saves a whole import of torch, the stack and torch._dynamo (about 1.7 core-seconds a
-command on 2 cores, docs/measurements.md, fifth session). With more CPUs the server, started as
-soon as the input is valid, imports on an idle core beside the command and its ranks start sooner
-(1.5-2.5 s sooner on a 16-CPU H200 host, same page)."""
+and forking saves a whole import of torch and the stack (about 1.7 core-seconds a command on 2
+cores with torch._dynamo, which ranks no longer import, docs/measurements.md, fifth session).
+With more CPUs the server, started as soon as the input is valid, imports on an idle core beside
+the command and its ranks start sooner (1.5-2.5 s sooner on a 16-CPU H200 host, same page)."""
 
 
 def usable_cpus() -> int:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from parity.optim.eager import EagerOptimizer
+
 __all__ = ["Adam"]
 
 
-class Adam(torch.optim.Optimizer):
+class Adam(EagerOptimizer):
     """AdamW over fp32 tensors; state is exp_avg, exp_avg_sq and an int `step` per param."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),

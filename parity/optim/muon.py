@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from parity.model import matmul
+from parity.optim.eager import EagerOptimizer
 
 __all__ = [
     "NS_COEFFICIENTS",
@@ -143,7 +144,7 @@ def fp32_matmul_precision(prec: str) -> Iterator[None]:
         torch.set_float32_matmul_precision(previous)
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(EagerOptimizer):
     """Muon over fp32 master tensors; each param's gradient is read from `p.grad`.
 
     A fused QKV param carries `p.qkv_split_shapes` (set by the model). It is orthogonalized per

@@ -1,6 +1,7 @@
 """The command line: usage, listing, the README job, injection localization, golden check."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,22 @@ def test_no_command_and_bad_flag_exit_2():
     assert parity().returncode == 2
     r = parity("run", "--no-such-flag")
     assert r.returncode == 2 and "usage" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_a_run_never_imports_torch_dynamo(tmp_path):
+    """Importing torch._dynamo costs about as much CPU as importing torch, in every process, and
+    the stack never compiles: neither the command nor its ranks import it (the two torch calls
+    that would are avoided by parity.optim.eager and parity.distributed.determinism)."""
+    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")
+    r = subprocess.run(PARITY + ["run", "--world", "1", "--steps", "1", "--golden", "off", "--quiet",
+                                 "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"torch", "parity.optim.eager"} <= imported  # the log covers torch and the stack
+    assert "torch._dynamo" not in imported and "torch._inductor.config" not in imported
 
 
 @pytest.mark.slow
