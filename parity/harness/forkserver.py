@@ -29,7 +29,7 @@ FORK_MAX_CPUS = 2
 """A command pinned before torch (the CLI) forks its CPU ranks itself on a machine with at most this
 many usable CPUs: there a fork server's imports compete with the command's own for the same cores,
 and forking saves a whole import of torch and the stack (about 1.7 core-seconds a command on 2
-cores with torch._dynamo, which ranks no longer import, docs/measurements.md, fifth session).
+cores, measured while torch._dynamo was still imported too: docs/measurements.md, fifth session).
 With more CPUs the server, started as soon as the input is valid, imports on an idle core beside
 the command and its ranks start sooner (1.5-2.5 s sooner on a 16-CPU H200 host, same page)."""
 

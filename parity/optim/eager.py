@@ -5,8 +5,8 @@ torch.optim.Optimizer wraps ``add_param_group`` (which its constructor calls) in
 ``torch._disable_dynamo``, whose first call imports torch._dynamo: about 1 s of CPU, as much as
 importing torch itself, in every process that builds an optimizer (docs/measurements.md, sixth
 session). The wrapper only keeps torch.compile from tracing the method; parity never compiles, so
-:class:`EagerOptimizer` calls the method it wraps (``__wrapped__``, set by ``functools.wraps``), and
-the wrapped one where a torch release does not expose it.
+:class:`EagerOptimizer` calls the method inside the wrapper (``__wrapped__``, set by
+``functools.wraps``), or the wrapper itself where a torch release does not expose it.
 """
 
 from __future__ import annotations
