@@ -83,6 +83,7 @@ def _progress_rank_main(ctx, scenario, opts):
     res["entered_at"] = entered_at  # the parent's launch time to this: rank start-up
     res["started"] = dict(ctx.started)
     res["start_method"] = ctx.launcher
+    res["cpus"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return res
 
 
