@@ -125,10 +125,12 @@ class LaunchConfig:
     prefix_output: bool = True
     """Prefix each line a rank prints from Python with ``[rank N]``."""
     bind_cpu_ranks: bool = True
-    """CPU ranks that outnumber the CPUs the launching process may use on this host are each bound
-    to one of them, round-robin by local rank. A rank's threads (its own and gloo's) then hand work
-    to one another on one CPU instead of waking each other across CPUs: 8 ranks on 2 CPUs spent 40%
-    less system time (docs/measurements.md, sixth session). CUDA ranks are never bound."""
+    """CPU ranks at least as many as the CPUs the launching process may use on this host are each
+    bound to one of them, round-robin by local rank. A rank's threads (its own and gloo's) then
+    hand work to one another on one CPU instead of waking each other across CPUs: 8 ranks on 2
+    CPUs spent 40% less system time, 2 ranks on 2 CPUs ran 5% faster (docs/measurements.md, sixth
+    session). Fewer ranks are left free to move: concurrent launches of them would all start on
+    the same CPUs. CUDA ranks are never bound."""
     start_method: str = "spawn"
     """"spawn": every rank is a fresh interpreter (imports torch itself: about 1.3 s of CPU per rank).
     "forkserver": ranks are forked from a server process that imported torch once per parent
@@ -653,13 +655,13 @@ class _RankPlan:
 
 
 def _bind_to_one_cpu(local_rank: int, local_world_size: int) -> None:
-    """Bind this process to one of the CPUs it may use, round-robin by local rank, if this host's
-    ranks outnumber those CPUs (see :attr:`LaunchConfig.bind_cpu_ranks`)."""
+    """Bind this process to one of the CPUs it may use, round-robin by local rank, if this host has
+    at least as many ranks as those CPUs (see :attr:`LaunchConfig.bind_cpu_ranks`)."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return
-    if local_world_size > len(cpus):
+    if local_world_size >= len(cpus):
         os.sched_setaffinity(0, {cpus[local_rank % len(cpus)]})
 
 

@@ -49,19 +49,19 @@ def test_a_run_never_imports_torch_dynamo(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux CPU affinity and 2 CPUs")
-def test_cpu_ranks_that_outnumber_the_cpus_are_bound_one_to_a_cpu(tmp_path):
+def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
     """4 CPU ranks on 2 CPUs: each rank may run on one CPU, alternating (what every rank's own
-    affinity says, in the report); 2 ranks on 2 CPUs are left alone."""
+    affinity says, in the report); 2 ranks too, one per CPU; 1 rank is left alone."""
     two = sorted(os.sched_getaffinity(0))[:2]
     found = {}
-    for world in (4, 2):
+    for world in (4, 2, 1):
         out = tmp_path / f"w{world}"
         r = subprocess.run(PARITY + ["run", "--world", str(world), "--steps", "1", "--golden", "off", "--quiet",
                                      "--out", str(out)], capture_output=True, text=True, timeout=600,
                            preexec_fn=lambda: os.sched_setaffinity(0, two))
         assert r.returncode == 0, r.stdout + r.stderr
         found[world] = json.loads((out / "report.json").read_text())["scenarios"][0]["timing"]["bound_cpus"]
-    assert found == {4: [two[0], two[1], two[0], two[1]], 2: None}
+    assert found == {4: [two[0], two[1], two[0], two[1]], 2: [two[0], two[1]], 1: None}
     assert f"each on one CPU ({two[0]}, {two[1]}, {two[0]}, {two[1]})" in (tmp_path / "w4" / "summary.md").read_text()
 
 
