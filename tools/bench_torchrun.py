@@ -35,16 +35,15 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     here = os.getcwd()
-    scen = SCENARIO
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             port = free_port()
             agents = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
                        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                       "--rdzv-id", f"bench{port}", "--max-restarts", "0", "-m", "parity.cli", "run", str(scen),
+                       "--rdzv-id", f"bench{port}", "--max-restarts", "0", "-m", "parity.cli", "run", str(SCENARIO),
                        "--golden", "off", "--out", f"{tmp}/tr{i}"] for n in (0, 1)]
             tr, tr_codes = _timed(agents, here)
-            bi, bi_codes = _timed([[sys.executable, "-m", "parity.cli", "run", str(scen), "--golden", "off",
+            bi, bi_codes = _timed([[sys.executable, "-m", "parity.cli", "run", str(SCENARIO), "--golden", "off",
                                     "--out", f"{tmp}/bi{i}"]], here)
             print(f"run {i + 1}: torchrun (2 agents x 2 ranks) {tr:.1f} s, exit {tr_codes}; "
                   f"built-in launcher {bi:.1f} s, exit {bi_codes}; {os.cpu_count()} CPUs")

@@ -128,7 +128,7 @@ class LaunchConfig:
     """CPU ranks at least as many as the CPUs the launching process may use on this host are each
     bound to one of them, round-robin by local rank. A rank's threads (its own and gloo's) then
     hand work to one another on one CPU instead of waking each other across CPUs: 8 ranks on 2
-    CPUs spent 40% less system time, 2 ranks on 2 CPUs ran 5% faster (docs/measurements.md, sixth
+    CPUs spent 35-38% less system time, 2 ranks on 2 CPUs ran 5% faster (docs/measurements.md, sixth
     session). Fewer ranks are left free to move: concurrent launches of them would all start on
     the same CPUs. CUDA ranks are never bound."""
     start_method: str = "spawn"
