@@ -9,7 +9,8 @@ Torch's foreach/fused paths are avoided so that the kernels do not depend on how
 grouped. tests/test_adam.py checks the sharded step bit for bit.
 
 The op sequence is the same as torch.optim.AdamW(foreach=False, fused=False), including
-`bc2 ** 0.5` rather than math.sqrt.
+`bc2 ** 0.5` rather than math.sqrt, but for the square root of `v`, which is the correctly rounded
+one on every CPU (parity.optim.numerics).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from parity.optim.eager import EagerOptimizer
+from parity.optim.numerics import ieee_sqrt
 
 __all__ = ["Adam"]
 
@@ -54,5 +56,5 @@ class Adam(EagerOptimizer):
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 bc1 = 1 - b1**t
                 bc2 = 1 - b2**t
-                p.addcdiv_(m, (v.sqrt() / bc2**0.5).add_(eps), value=-lr / bc1)
+                p.addcdiv_(m, (ieee_sqrt(v) / bc2**0.5).add_(eps), value=-lr / bc1)
         return loss

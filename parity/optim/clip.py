@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from parity.model import is_expert_param
+from parity.optim.numerics import ieee_sqrt
 from parity.vocab import Fault
 
 CLIP_EPS = 1.0e-6
@@ -77,7 +78,7 @@ def grad_stats(grads, held, *, dp_group, expt_dp_group, ep_group, clip_grad: flo
     for _, expert, g in grads:
         sq[expert] += g.float().square().sum()
     total = _sum_over(sq[False], [dp_group]) + _sum_over(sq[True], [expt_dp_group, ep_group])
-    norm = total.sqrt()
+    norm = ieee_sqrt(total)
     clip_coef = None
     if clip_grad > 0:
         coef = clip_grad / (float(norm) + CLIP_EPS)

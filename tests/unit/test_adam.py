@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from parity.optim.adam import Adam
+from parity.optim.numerics import ieee_sqrt
 
 
 def _randn(*shape, seed=0):
@@ -53,18 +54,35 @@ def test_matches_float64_reference():
     assert torch.allclose(st["exp_avg_sq"].double(), ref_v, atol=1e-8, rtol=1e-5)
 
 
-def test_same_bits_as_torch_adamw_single_tensor():
-    # Same op sequence as torch's own for-loop AdamW, so the bits match too.
+def test_same_bits_as_torch_adamw_single_tensor(monkeypatch):
+    # Same op sequence as torch's own for-loop AdamW, so the bits match too once torch's square
+    # root is the correctly rounded one (on the CPU torch's is MKL's, which is not).
     kw = dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)
     p0 = _randn(40, 7, seed=2)
     grads = [_randn(40, 7, seed=20 + k) for k in range(4)]
     (p,), _ = _run([(p0, grads)], 4, **kw)
     q = p0.clone()
     opt = torch.optim.AdamW([q], foreach=False, fused=False, **kw)
+    monkeypatch.setattr(torch.Tensor, "sqrt", ieee_sqrt)
     for g in grads:
         q.grad = g
         opt.step()
     assert torch.equal(_bits(p), _bits(q))
+
+
+def test_ieee_sqrt_is_correctly_rounded():
+    """Each root r lies between the midpoints to its neighbours: (r-)^2 <= v <= (r+)^2, squared
+    exactly in float64 (25 significant bits each)."""
+    g = torch.Generator().manual_seed(5)
+    v = torch.rand(65536, generator=g) * torch.exp2(torch.randint(-140, 120, (65536,), generator=g).float())
+    v[:4] = torch.tensor([0.0, 1.0e-45, 3.4e38, 2.0])
+    r = ieee_sqrt(v)
+    zero = v == 0
+    assert r.dtype == torch.float32 and bool((r[zero] == 0).all()) and int(zero.sum()) < 100
+    r, v64 = r[~zero], v[~zero].double()
+    below = (r.double() + torch.nextafter(r, torch.tensor(0.0)).double()) / 2
+    above = (r.double() + torch.nextafter(r, torch.tensor(float("inf"))).double()) / 2
+    assert bool(((below * below <= v64) & (v64 <= above * above)).all())
 
 
 @pytest.mark.parametrize("numel,cut", [(1037, 517), (100_003, 40_961), (64, 1)])
