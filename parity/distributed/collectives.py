@@ -14,6 +14,11 @@ Two things the raw ``torch.distributed`` calls do not give on every backend:
 - FP8 data movement. gloo rejects float8 dtypes ("Invalid scalar type"), so the wrappers that only
   move bytes (all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
   arrive unchanged. Reductions on float8 are refused, as they are meaningless.
+- Sums on gloo in one exchange. gloo's all-reduce (and its reduce-scatter, which reduces the same
+  way) is a ring of 2 x (world - 1) dependent hops; with more ranks than CPUs every hop waits for
+  the scheduler. :func:`all_reduce_sum` (small tensors) and :func:`reduce_scatter_sum` therefore
+  exchange the contributions in one all-to-all and add them here, in the ring's own order
+  (docs/spec/platform.md s1.1), so the bits are gloo's. On NCCL the native collectives run.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "group_rank",
     "group_size",
     "reduce_scatter_sum",
+    "ring_chunk_sizes",
 ]
 
 # torch 2.13 renamed the single-tensor collectives; keep working on the older names (torch 2.11).
@@ -210,8 +216,12 @@ def all_gather_uneven_into(
 def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False):
     """In-place sum all-reduce of ``t``. Returns a work handle when ``async_op``, else None."""
     _refuse_float8(t, "all_reduce_sum")
-    if group_size(group) == 1:
+    world = group_size(group)
+    if world == 1:
         return _done(async_op)
+    small = 2 * world <= t.numel() and t.numel() * t.element_size() <= EXCHANGE_MAX_BYTES
+    if small and t.is_contiguous() and _on_gloo(t, group):
+        return _exchange_and_sum(t.view(-1), t.view(-1).expand(world, -1), 0, t.numel(), group, async_op)
     return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_group(group), async_op=async_op)
 
 
@@ -228,7 +238,99 @@ def reduce_scatter_sum(
     if world == 1:
         _copy_unless_same(out, inp.view_as(out))
         return _done(async_op)
+    if _on_gloo(inp, group) and out.is_contiguous():
+        n = out.numel()
+        start = dist.get_rank(_group(group)) * n
+        return _exchange_and_sum(out.view(-1), inp.reshape(world, n), start, inp.numel(), group, async_op)
     return _reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=_group(group), async_op=async_op)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sums on gloo: one exchange, then gloo's ring order (docs/spec/platform.md s1.1)
+# ---------------------------------------------------------------------------------------------
+
+EXCHANGE_MAX_BYTES = 128 << 10
+"""Largest tensor all-reduced by the exchange (every rank receives group size x these bytes); a
+larger one runs gloo's ring, which moves less data per rank. The bits are the same either way.
+Measured with tools/bench_collectives.py on 2 CPUs: the exchange is faster up to 32768 fp32
+elements at worlds 2, 4 and 8, and slower at 4x that (docs/measurements.md)."""
+
+_GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo's largest ring message
+
+
+def _on_gloo(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
+    """Whether the sum of ``t`` over ``group`` may be exchanged and added here (fp32 and bf16 on
+    gloo: the dtypes whose bits were checked against gloo's, tests/integration/test_gloo_sums.py)."""
+    return (t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
+            and dist.get_backend(_group(group)) == "gloo")
+
+
+def ring_chunk_sizes(numel: int, world: int, element_size: int) -> list[int]:
+    """Elements in each of the ``world`` chunks of gloo's ring all-reduce of ``numel`` elements,
+    in element order. Chunk ``c`` is summed along the ring so that group rank ``c`` adds last."""
+    total = numel * element_size
+    max_segment = element_size * max(1, _GLOO_MAX_SEGMENT_BYTES // element_size)
+    segments = max(-(-total // max_segment), 2 * world)
+    segments = -(-segments // world) * world
+    segment = -(-(-(-total // segments)) // element_size)  # elements, the bytes rounded up
+    per_chunk = segment * (segments // world)
+    return [max(0, min(numel, (c + 1) * per_chunk) - c * per_chunk) for c in range(world)]
+
+
+def _ring_sum_into(out: torch.Tensor, rows: torch.Tensor, start: int, numel: int) -> None:
+    """``out[i]`` = the ring's sum of ``rows[:, i]`` (row r: group rank r's contribution) for the
+    elements ``start + i`` of an all-reduce of ``numel`` elements.
+
+    In chunk c the partial sum starts at rank c - 1 and travels down the ring, each rank adding
+    its own value to what it received: x[c-1], then x[c-2] + that, ..., x[c] + that.
+    """
+    world, length = rows.shape
+    lo = 0
+    for c, size in enumerate(ring_chunk_sizes(numel, world, rows.element_size())):
+        a, b = max(lo, start), min(lo + size, start + length)
+        lo += size
+        if a >= b:
+            continue
+        part = rows[:, a - start : b - start]
+        acc = part[(c - 1) % world].clone()
+        for k in range(2, world + 1):
+            acc.add_(part[(c - k) % world])  # acc + x: with two NaNs, x's payload survives, as in gloo
+        if acc.dtype == torch.bfloat16:
+            # gloo rounds each bf16 sum with c10's scalar conversion, which writes every NaN as
+            # 0x7FC0; torch's vectorized one writes 0xFFFF
+            acc.view(torch.int16).masked_fill_(torch.isnan(acc), 0x7FC0)
+        out[a - start : b - start].copy_(acc)
+
+
+class _SumOnWait:
+    """Handle of an exchange whose sums are added when it is waited for."""
+
+    def __init__(self, work: Any, finish):
+        self.work, self.finish = work, finish
+
+    def wait(self, timeout: Any = None) -> bool:
+        self.work.wait() if timeout is None else self.work.wait(timeout)
+        if self.finish is not None:
+            self.finish()
+            self.finish = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self.finish is None
+
+
+def _exchange_and_sum(out, send_rows, start: int, numel: int, group, async_op: bool):
+    """Send row j of ``send_rows`` [world, L] to group rank j, receive every rank's row for this
+    rank, and write their ring-order sums (elements ``start..`` of ``numel``) into ``out``."""
+    world, length = send_rows.shape
+    recv = torch.empty((world, length), dtype=send_rows.dtype, device=send_rows.device)
+    send = send_rows.contiguous()
+    work = dist.all_to_all_single(recv, send, group=_group(group), async_op=async_op)
+    handle = _SumOnWait(work if async_op else CompletedWork(), lambda: _ring_sum_into(out, recv, start, numel))
+    if async_op:
+        return handle
+    handle.wait()
+    return None
 
 
 def all_gather_into(

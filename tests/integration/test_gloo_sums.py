@@ -1,0 +1,117 @@
+"""all_reduce_sum and reduce_scatter_sum on gloo give gloo's own bits (docs/spec/platform.md s1.1).
+
+The wrappers sum after one all-to-all, in the order of gloo's ring, instead of running the ring.
+Each launch below runs both the wrapper and torch.distributed's own collective on the same inputs
+and returns the integer views of both; the tests compare them in the parent. The inputs spread
+over 2^-20..2^20 (so the order of the additions shows in nearly every element), hold -0.0, +-inf
+and NaNs with payloads, and the sizes cover fewer elements than ranks, ragged chunks, and more
+than one of gloo's 1 MiB segments per chunk.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parity.distributed import collectives as C
+from parity.harness.launch import LaunchConfig, launch
+
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+# all-reduce sizes: below 2 x world (native path), ragged, at and past the exchange's byte limit
+AR_SIZES = [1, 5, 8, 13, 100, 1023, 4096, 17408, 32768, 65536]
+# reduce-scatter shard sizes; 300_000 x 4 ranks x 4 bytes spans several 1 MiB segments per chunk
+RS_SIZES = [1, 3, 64, 1000, 4099, 300_000]
+
+
+def _inputs(rank: int, n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(97 * salt + rank)
+    t = torch.randn(n, generator=g) * torch.exp2(torch.randint(-20, 21, (n,), generator=g).float())
+    if n >= 6:
+        t[0] = -0.0
+        t[1] = torch.tensor([0x7FC00100 + rank], dtype=torch.int32).view(torch.float32)[0]
+        t[2] = float("inf") if rank % 2 else float("-inf")
+        t[3] = float("inf")
+    return t.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.contiguous().view(INT_VIEW[t.dtype]).tolist()
+
+
+def _rank_sums(ctx) -> dict:
+    r, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for dtype in INT_VIEW:
+        for n in AR_SIZES:
+            x = _inputs(r, n, dtype, n)
+            native = x.clone()
+            dist.all_reduce(native)
+            mine = x.clone()
+            C.all_reduce_sum(mine, None)
+            out[f"ar/{dtype}/{n}"] = (_bits(mine), _bits(native))
+            h = C.all_reduce_sum(x, None, async_op=True)  # the sums land at wait()
+            h.wait()
+            out[f"ar-async/{dtype}/{n}"] = _bits(x)
+        for n in RS_SIZES:
+            x = _inputs(r, n * world, dtype, n + 1)
+            native = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(native, x.clone())
+            mine = torch.empty(n, dtype=dtype)
+            C.reduce_scatter_sum(mine, x, None)
+            out[f"rs/{dtype}/{n}"] = (_bits(mine), _bits(native))
+            later = torch.empty(n, dtype=dtype)
+            h = C.reduce_scatter_sum(later, x, None, async_op=True)
+            before = h.is_completed()
+            h.wait()
+            out[f"rs-async/{dtype}/{n}"] = (_bits(later), before, h.is_completed())
+    return out
+
+
+@pytest.fixture(scope="module", params=[3, 4], ids=lambda w: f"world{w}")
+def per_rank(request) -> list[dict]:
+    return launch(_rank_sums, LaunchConfig(world_size=request.param, start_method="forkserver", deadline_s=240))
+
+
+def test_all_reduce_sum_has_gloos_bits(per_rank):
+    for r, seen in enumerate(per_rank):
+        for dtype in INT_VIEW:
+            for n in AR_SIZES:
+                mine, native = seen[f"ar/{dtype}/{n}"]
+                assert mine == native, f"rank {r}, {dtype}, {n} elements"
+                assert seen[f"ar-async/{dtype}/{n}"] == native, f"rank {r}, {dtype}, {n} elements, async"
+
+
+def test_reduce_scatter_sum_has_gloos_bits(per_rank):
+    for r, seen in enumerate(per_rank):
+        for dtype in INT_VIEW:
+            for n in RS_SIZES:
+                mine, native = seen[f"rs/{dtype}/{n}"]
+                assert mine == native, f"rank {r}, {dtype}, shard of {n}"
+                later, before, after = seen[f"rs-async/{dtype}/{n}"]
+                assert later == native and not before and after, f"rank {r}, {dtype}, shard of {n}, async"
+
+
+def test_the_sums_depend_on_the_order():
+    """The inputs are such that a plain rank-order sum differs from gloo's (else the tests above
+    could not tell the ring's order from any other)."""
+    world, n = 4, 17408
+    xs = torch.stack([_inputs(r, n, torch.float32, n) for r in range(world)])
+    plain = xs[0] + xs[1] + xs[2] + xs[3]
+    ring = torch.empty(n)
+    C._ring_sum_into(ring, xs, 0, n)
+    differ = (plain.view(torch.int32) != ring.view(torch.int32)).sum().item()
+    assert differ > n // 10, differ
+
+
+@pytest.mark.parametrize("numel, world, size, want", [
+    (1, 4, 4, [1, 0, 0, 0]),
+    (17, 4, 4, [6, 6, 5, 0]),  # 8 segments of 3 elements (9 bytes rounded up), 2 per chunk
+    (65536, 8, 4, [8192] * 8),
+    # 1.5 MiB over 4 ranks: 8 segments of 49152 elements, 2 per chunk
+    (393216, 4, 4, [98304] * 4),
+    # 20 MiB over 4 ranks: 20 segments of 1 MiB, 5 per chunk
+    (5 << 20, 4, 4, [1310720] * 4),
+])
+def test_ring_chunk_sizes(numel, world, size, want):
+    assert C.ring_chunk_sizes(numel, world, size) == want
