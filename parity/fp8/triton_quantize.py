@@ -478,7 +478,7 @@ if triton is not None:
 CONFIG = {
     "1x128_both": {"PAIR": True, "RSUB": 16, "CBC": 32, "num_warps": 2},
     "1x128_row": {"SUB": 8, "BC": 128, "num_warps": 4},
-    "1x128_col": {"SUB": 32, "BC": 32, "num_warps": 2},
+    "1x128_col": {"SUB": 32, "BC": 64, "num_warps": 4},
     "128x128": {"num_warps": 4},
     "mxfp8": {"NB": 4, "num_warps": 1},
 }
