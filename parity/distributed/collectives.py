@@ -258,6 +258,10 @@ elements at worlds 2, 4 and 8, and slower at 4x that (docs/measurements.md)."""
 _GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo's largest ring message
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _on_gloo(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
     """Whether the sum of ``t`` over ``group`` may be exchanged and added here (fp32 and bf16 on
     gloo: the dtypes whose bits were checked against gloo's, tests/integration/test_gloo_sums.py)."""
@@ -270,9 +274,8 @@ def ring_chunk_sizes(numel: int, world: int, element_size: int) -> list[int]:
     in element order. Chunk ``c`` is summed along the ring so that group rank ``c`` adds last."""
     total = numel * element_size
     max_segment = element_size * max(1, _GLOO_MAX_SEGMENT_BYTES // element_size)
-    segments = max(-(-total // max_segment), 2 * world)
-    segments = -(-segments // world) * world
-    segment = -(-(-(-total // segments)) // element_size)  # elements, the bytes rounded up
+    segments = _ceil_div(max(_ceil_div(total, max_segment), 2 * world), world) * world
+    segment = _ceil_div(_ceil_div(total, segments), element_size)  # elements: the bytes rounded up
     per_chunk = segment * (segments // world)
     return [max(0, min(numel, (c + 1) * per_chunk) - c * per_chunk) for c in range(world)]
 
