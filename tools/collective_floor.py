@@ -5,7 +5,7 @@ Runs ``parity run ARGS --golden off`` once with every rank's torch.distributed c
 rank's sequence on zero-filled tensors with the same number of ranks, started and bound to CPUs by
 parity's launcher as in a run. Prints the run's wall time, the replay's, and the replay's time per
 kind of collective on rank 0 (an asynchronous collective's wait is counted in the next blocking
-one). If the replay alone takes longer than a wall-time goal, no speed-up of the computation
+one; an object all-gather sends a 2 KiB string in place of the objects). If the replay alone takes longer than a wall-time goal, no speed-up of the computation
 reaches that goal. Asserts nothing.
 
     python tools/collective_floor.py --recipe blockwise --ep 8          # any `parity run` arguments
@@ -83,9 +83,9 @@ def _replay(ctx, traces: list[list]) -> dict:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    # torch 2.13 renamed these two
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    from parity.distributed.collectives import _all_gather_single as all_gather
+    from parity.distributed.collectives import _reduce_scatter_single as reduce_scatter
+
     groups = {}
     for ranks in sorted({tuple(k["group"][1]) for t in traces for _, _, k in t if k.get("group")}):
         groups[ranks] = None if len(ranks) == world else dist.new_group(list(ranks))  # on every rank

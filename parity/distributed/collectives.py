@@ -252,8 +252,9 @@ def reduce_scatter_sum(
 EXCHANGE_MAX_BYTES = 128 << 10
 """Largest tensor all-reduced by the exchange (every rank receives group size x these bytes); a
 larger one runs gloo's ring, which moves less data per rank. The bits are the same either way.
-Measured with tools/bench_collectives.py on 2 CPUs: the exchange is faster up to 32768 fp32
-elements at worlds 2, 4 and 8, and slower at 4x that (docs/measurements.md)."""
+Measured with tools/bench_collectives.py on 2 CPUs (docs/measurements.md): the exchange is 1.1-5x
+faster up to 16384 fp32 elements at worlds 2, 4 and 8, 1.0-3x at 32768, and slower from 65536 at
+worlds 4 and 8."""
 
 _GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo's largest ring message
 
