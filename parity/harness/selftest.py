@@ -136,7 +136,9 @@ def run_selftest(faults=None, out=print) -> list[dict]:
     if unknown:
         from parity.harness.errors import UsageError
         raise UsageError(f"selftest: no case for {unknown}; known: {', '.join(CASES)}")
-    opts = RunOptions(progress=False, snapshot="none", golden_digests=False)
+    # fail_fast: a case asserts where its fault is first caught, and a clean run that passes runs
+    # whole anyway; the steps after the first failing one add nothing but time.
+    opts = RunOptions(progress=False, snapshot="none", golden_digests=False, fail_fast=True)
     rows = []
     for name in names:
         key, exp = CASES[name]
@@ -148,7 +150,7 @@ def run_selftest(faults=None, out=print) -> list[dict]:
         clean = _CLEAN[key]
         t0 = time.perf_counter()
         inj = RunOptions(injections=(Injection("fault", name=name),), progress=False, snapshot="none",
-                         golden_digests=False)
+                         golden_digests=False, fail_fast=True)
         entry, _ = run_scenario(scenario(key), inj, timeout_s=30)
         ok = caught(exp, entry) and clean
         rows.append({"fault": name, "scenario": f"{QUICK_SET}-{key}", "expected": str(exp),
