@@ -30,3 +30,21 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The suite's longest single tests first, then every other multi-rank (`slow`) case, the unit tests
+# last. pytest-xdist hands out the first quarter of the tests round-robin and the rest on demand,
+# so the long ones start early on both workers and the short ones fill in at the end; in file
+# order a worker was left alone with the torchrun cases for the last minute or so
+# (docs/measurements.md, eighth session).
+_FIRST = ("tests/integration/test_torchrun.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.nodeid.split("::", 1)[0]
+        if path in _FIRST:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=lambda p: (rank(p[1]), p[0]))]
