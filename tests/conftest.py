@@ -32,11 +32,12 @@ def one_intra_op_thread():
     torch.set_num_threads(n)
 
 
-# The suite's longest single tests first, then every other multi-rank (`slow`) case, the unit tests
-# last. pytest-xdist hands out the first quarter of the tests round-robin and the rest on demand,
-# so the long ones start early on both workers and the short ones fill in at the end; in file
-# order a worker was left alone with the torchrun cases for the last minute or so
-# (docs/measurements.md, eighth session).
+# The suite's longest single test first, then every other multi-rank (`slow`) case, the unit tests
+# last. With `--dist worksteal` (pyproject.toml) each xdist worker takes half of this list and an
+# idle worker steals the back half of the other's queue: the long cases start early and the short
+# ones fill in at the end. xdist's default `load` mode hands out fixed chunks: in file order a
+# worker was left alone with the torchrun cases for the last minute, and in this order with the
+# scenario cases for five (docs/measurements.md, eighth session).
 _FIRST = ("tests/integration/test_torchrun.py",)
 
 
