@@ -33,7 +33,7 @@ def one_intra_op_thread():
 
 
 # The suite's longest single test first, then every other multi-rank (`slow`) case, the unit tests
-# last. With `--dist worksteal` (pyproject.toml) each xdist worker takes half of this list and an
+# last. With `--dist worksteal` (set below when -n is given) each xdist worker takes half of this list and an
 # idle worker steals the back half of the other's queue: the long cases start early and the short
 # ones fill in at the end. xdist's default `load` mode hands out fixed chunks: in file order a
 # worker was left alone with the torchrun cases for the last minute, and in this order with the
@@ -49,3 +49,10 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.get_closest_marker("slow") else 2
 
     items[:] = [item for _, item in sorted(enumerate(items), key=lambda p: (rank(p[1]), p[0]))]
+
+
+def pytest_configure(config):
+    """`-n N` means `--dist load` unless told otherwise; make it worksteal (see above). Set here,
+    not in addopts, so that pytest without pytest-xdist (a GPU host's own pytest) still runs."""
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "worksteal"
