@@ -38,13 +38,9 @@ def one_intra_op_thread():
 # ones fill in at the end. xdist's default `load` mode hands out fixed chunks: in file order a
 # worker was left alone with the torchrun cases for the last minute, and in this order with the
 # scenario cases for five (docs/measurements.md, eighth session).
-_FIRST = ("tests/integration/test_torchrun.py",)
-
-
 def pytest_collection_modifyitems(config, items):
     def rank(item):
-        path = item.nodeid.split("::", 1)[0]
-        if path in _FIRST:
+        if item.path.name == "test_torchrun.py":
             return 0
         return 1 if item.get_closest_marker("slow") else 2
 
@@ -52,7 +48,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    """`-n N` means `--dist load` unless told otherwise; make it worksteal (see above). Set here,
-    not in addopts, so that pytest without pytest-xdist (a GPU host's own pytest) still runs."""
-    if getattr(config.option, "dist", "no") == "load":
+    """`-n N` alone means `--dist load`; make it worksteal (see above), unless --dist was given.
+    Set here, not in addopts, so that pytest without pytest-xdist (a GPU host's own) still runs."""
+    explicit = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
+    if not explicit and getattr(config.option, "dist", "no") == "load":
         config.option.dist = "worksteal"
