@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import cli_fork
 import pytest
 
 from parity.harness.goldens_cli import default_root
@@ -14,7 +15,7 @@ PARITY = [sys.executable, "-m", "parity.cli"]
 
 
 def parity(*args, timeout=600):
-    return subprocess.run(PARITY + list(args), capture_output=True, text=True, timeout=timeout)
+    return cli_fork.run(args, timeout=timeout)
 
 
 def test_help_and_list():

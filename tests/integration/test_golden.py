@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import cli_fork
 import pytest
 import torch
 
@@ -342,7 +343,7 @@ def test_sigkill_mid_write_keeps_old_golden(tmp_path):
     path = write(tmp_path)
     script = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path[:0] = [{str(REPO)!r}, {str(Path(__file__).parent)!r}]
+        sys.path[:0] = [{str(REPO)!r}, {str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
         import parity.harness.golden as g
         import test_golden as tg
         g.write_snapshot = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
@@ -386,8 +387,7 @@ gpt.RMSNorm.forward = forward
 def parity(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k not in ("PARITY_GOLDENS", "ATEN_CPU_CAPABILITY", "MKL_CBWR")}
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "parity.cli", *[str(a) for a in args]], capture_output=True,
-                          text=True, timeout=timeout, env=e, cwd=REPO)
+    return cli_fork.run(args, env=e, timeout=timeout, cwd=REPO)
 
 
 def _shipped_default_or_approx() -> list[str]:

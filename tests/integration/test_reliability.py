@@ -1,8 +1,10 @@
 """Reliability of the `parity` command: bad input, crashed or hung ranks, atomic goldens,
 fail-closed determinism, NaN/Inf.
 
-Every case runs the real command in a subprocess and checks three things: the exit code, that
-no Python traceback reaches the user, and that the one-line message names what is wrong.
+Every case runs the real command in a process of its own (forked by tests/cli_fork.py's server
+after the imports, or a fresh interpreter where the test looks for its processes) and checks three
+things: the exit code, that no Python traceback reaches the user, and that the one-line message
+names what is wrong.
 Runs use a tiny scenario (world 2, 2 steps, a one-layer model) written into tmp_path.
 """
 
@@ -19,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import cli_fork
 import pytest
 
 PARITY = [sys.executable, "-m", "parity.cli"]
@@ -50,8 +53,11 @@ def _env(marker: str | None = None, **extra) -> dict:
 
 
 def parity(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run(PARITY + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                          env=env if env is not None else _env())
+    """The command in a child of tests/cli_fork.py's server; in a fresh interpreter where the test
+    looks for its processes by the marker in their environment (a forked child's /proc environ is
+    the server's)."""
+    env = env if env is not None else _env()
+    return cli_fork.run(args, env=env, timeout=timeout, fresh=MARKER_VAR in env)
 
 
 def _messages(r) -> list[str]:

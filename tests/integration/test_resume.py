@@ -4,9 +4,8 @@ line. The shipped resume and reshard scenarios run in test_scenarios.py."""
 
 import json
 import os
-import subprocess
-import sys
 
+import cli_fork
 import pytest
 
 from parity import cli
@@ -137,9 +136,8 @@ def test_inconsistent_resume_flags_exit_2(tmp_path, capsys, argv, msg):
 
 def test_corrupt_checkpoint_in_a_real_process_prints_no_traceback(single_rank, saved, tmp_path):
     path = damaged(saved, tmp_path / "c", "corrupt")
-    r = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--world", "1", "--ep", "1", "--steps", "4",
-                        "--resume-from", str(path), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=300)
+    r = cli_fork.run(["run", "--world", "1", "--ep", "1", "--steps", "4", "--resume-from", path,
+                      "--out", tmp_path / "o"], timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("parity: checkpoint") and "corrupt" in r.stderr
 
@@ -149,9 +147,8 @@ def test_resume_from_with_reshard_checks_the_loaded_state(single_rank, saved, tm
     """A world-1 checkpoint loaded at world 2: every tensor re-saved at world 2 equals the saved
     one (gathered view), LayerWise ownership moved, and ON == OFF holds after the load."""
     out = tmp_path / "o"
-    r = subprocess.run([sys.executable, "-m", "parity.cli", "run", "--world", "2", "--ep", "1", "--steps", "4",
-                        "--resume-from", str(saved), "--reshard", "--out", str(out), "--quiet"],
-                       capture_output=True, text=True, timeout=600)
+    r = cli_fork.run(["run", "--world", "2", "--ep", "1", "--steps", "4", "--resume-from", saved, "--reshard",
+                      "--out", out, "--quiet"], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     (e,) = json.loads((out / "report.json").read_text())["scenarios"]
     res = e["resume"]

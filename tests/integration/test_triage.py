@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_fork
 import pandas as pd
 import pytest
 
@@ -46,8 +46,7 @@ golden_tensor_steps = [0, -1]
 
 
 def _parity(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "parity.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return cli_fork.run(args, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @pytest.fixture(scope="module")
