@@ -86,6 +86,8 @@ def main():
     if not found:
         raise SystemExit(f"scale_flips: unknown scenario {args.scenario!r}")
     raw = found[0].to_dict()
+    for key in ("resume_at", "resume_world"):  # this tool steps the stack only, never resumes
+        raw.pop(key, None)
     if args.steps is not None:
         raw["steps"] = args.steps
     if args.lr is not None:
