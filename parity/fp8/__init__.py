@@ -1,5 +1,5 @@
 """parity.fp8: bit-exact PyTorch re-implementation of TransformerEngine's blockwise and MXFP8
-quantizers (spec: shared/research/te.md), the storage container and a block-scaled GEMM.
+quantizers (spec: docs/spec/te.md), the storage container and a block-scaled GEMM.
 
 Public API::
 

@@ -1,6 +1,6 @@
 """FP8 element formats (E4M3, E5M2) and the E8M0 scale format, bit for bit as TE uses them.
 
-Everything here follows shared/research/te.md sections 0 and 2.2:
+Everything here follows docs/spec/te.md sections 0 and 2.2:
 
 * ``cast_to_fp8`` is the saturating round-to-nearest-even fp32 -> fp8 conversion of TE's kernels
   (``__NV_SATFINITE``): finite overflow and +-inf go to +-max, the sign of zero is kept, and every
@@ -13,6 +13,7 @@ FP8 data are carried as ``torch.uint8`` tensors holding the raw bits; view them 
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import torch
@@ -126,10 +127,6 @@ def fp8_to_fp32(data: torch.Tensor, fp8_dtype) -> torch.Tensor:
     return data.view(FP8_TORCH_DTYPE[name]).float()
 
 
-def _bits_to_f32(bits: torch.Tensor) -> torch.Tensor:
-    return bits.to(torch.int32).view(torch.float32)
-
-
 def e8m0_from_fp32(v: torch.Tensor) -> torch.Tensor:
     """E8M0 biased exponent of ``v`` rounded *up* to a power of two (docs/spec/te.md 2.2), as uint8.
 
@@ -139,30 +136,36 @@ def e8m0_from_fp32(v: torch.Tensor) -> torch.Tensor:
     """
     if v.dtype != torch.float32:
         raise TypeError(f"e8m0_from_fp32 expects float32, got {v.dtype}")
-    bits = v.view(torch.int32)
-    exp = (bits >> 23) & 0xFF
-    man = bits & 0x7FFFFF
-    round_up = (man > 0) & (exp != 254) & ~((exp == 0) & (man <= 0x400000))
-    e = exp + round_up.to(torch.int32)
-    e = torch.where(exp == 255, torch.where(man == 0, 254, 255), e)
-    return e.to(torch.uint8)
+    bits = (v.view(torch.int32) & 0x7FFFFFFF).clamp_(max=0x7F800000)  # |v|; NaN as +inf for now
+    # Adding 2**23 - 1 to the bits carries into the exponent field exactly when F > 0: E + (F > 0).
+    # A subnormal (E == 0) rounds up to 2**-126 only above 2**-127 (F > 2**22): add 2**22 - 1 there.
+    carry = torch.where(bits < 0x00800000, 0x003FFFFF, 0x007FFFFF)
+    e = ((bits + carry) >> 23).clamp_(max=254)  # E = 254 with F > 0, and +inf, stay at 254
+    return e.masked_fill_(torch.isnan(v), 255).to(torch.uint8)
+
+
+# E8M0 byte -> fp32 bits of 2**(e - 127) (e = 0: 2**-127, a subnormal) and of its quantization
+# multiplier 2**(127 - e) (biased exponent 254 - e; e = 254: 2**-127); 255 is NaN in both.
+_E8M0_BITS = {
+    "value": [0x00400000] + [e << 23 for e in range(1, 255)] + [0x7FC00000],
+    "quant_scale": [(254 - e) << 23 for e in range(254)] + [0x00400000, 0x7FC00000],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _e8m0_table(kind: str, device: torch.device) -> torch.Tensor:
+    return torch.tensor(_E8M0_BITS[kind], dtype=torch.int32, device=device).view(torch.float32)
 
 
 def e8m0_to_fp32(e: torch.Tensor) -> torch.Tensor:
     """Decode E8M0 bytes to the fp32 value 2**(e - 127) (e = 0 -> 2**-127, a subnormal; 255 -> NaN)."""
     if e.dtype != torch.uint8:
         raise TypeError(f"E8M0 scales must be uint8 bytes, got {e.dtype}")
-    ei = e.to(torch.int32)
-    bits = torch.where(ei == 0, 0x00400000, ei << 23)
-    bits = torch.where(ei == 255, 0x7FC00000, bits)
-    return _bits_to_f32(bits)
+    return _e8m0_table("value", e.device)[e.long()]  # a lookup: one op where the bit rule takes six
 
 
 def e8m0_quant_scale(e: torch.Tensor) -> torch.Tensor:
     """Quantization multiplier 2**(127 - e) as fp32 (e = 254 -> 2**-127, e = 0 -> 2**127, 255 -> NaN)."""
     if e.dtype != torch.uint8:
         raise TypeError(f"E8M0 scales must be uint8 bytes, got {e.dtype}")
-    k = 254 - e.to(torch.int32)  # biased exponent of 2**(127 - e)
-    bits = torch.where(k >= 1, k << 23, 0x00400000)
-    bits = torch.where(k < 0, 0x7FC00000, bits)
-    return _bits_to_f32(bits)
+    return _e8m0_table("quant_scale", e.device)[e.long()]

@@ -1,6 +1,6 @@
 """Blockwise (1x128 / 128x128) and MXFP8 (1x32) quantizers, bit-exact to TE's kernels.
 
-Spec: shared/research/te.md sections 1 (blockwise) and 2 (MXFP8). The public entry point is
+Spec: docs/spec/te.md sections 1 (blockwise) and 2 (MXFP8). The public entry point is
 :func:`quantize`; the ``_*_parts`` helpers produce the storage tensors (already in TE's GEMM-ready
 layout) and are shared with :meth:`QuantizedTensor.requantize_`.
 

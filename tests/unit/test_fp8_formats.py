@@ -193,11 +193,16 @@ def test_e8m0_encode_bit_rule():
                  0x3F800001, 0x3F7FFFFF, 0x7F000000, 0x7F000001, 0x7F7FFFFF, 0x7F400000, 0x7F800000,
                  0x7FC00000, 0x00000002]
     rand_bits = rng.integers(0, 0x7F800000, size=3000, dtype=np.int64).tolist()
-    bits = edge_bits + rand_bits
+    # every exponent field with the mantissas where the rule turns (0, 1, 2**22 -+ 1, 2**23 - 1)
+    fields = [(E << 23) | f for E in range(255) for f in (0, 1, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF)]
+    bits = edge_bits + rand_bits + fields
     v = _f32_from_bits(bits)
     got = e8m0_from_fp32(v).tolist()
     want = [_ref_e8m0(x) for x in v.tolist()]
     assert got == want
+    assert e8m0_from_fp32(-v).tolist() == want  # the sign bit is ignored
+    nan = _f32_from_bits([0x7F800001, 0x7FC00000, 0x7FFFFFFF])
+    assert e8m0_from_fp32(nan).tolist() == e8m0_from_fp32(-nan).tolist() == [255] * 3
 
 
 def test_e8m0_decode_and_scale():
