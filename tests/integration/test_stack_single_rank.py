@@ -8,7 +8,7 @@ from parity.harness.faults import Injection
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import make_scenario
 from parity.model import GPT, ModelConfig, is_quantized_param
-from parity.vocab import STEP_PHASES
+from parity.vocab import STEP_PHASES, Fault
 
 
 class Ctx:
@@ -25,12 +25,21 @@ def failures(res):
     return res["divergences"], [c for c in res["checks"] if not c["ok"]]
 
 
-# Blockwise runs 30 steps: its plain init flips its first weight scale at step 11-13
-# (docs/measurements.md, "Numeric edges"). mxfp8's 1x32 blocks flip from step 0 on, every step.
-@pytest.mark.parametrize("recipe,moe,steps", [("blockwise", False, 30), ("mxfp8", True, 12),
-                                              ("blockwise", True, 8), ("mxfp8", False, 8)])
-def test_on_equals_off(single_rank, recipe, moe, steps):
-    res = run(single_rank, steps=steps, recipe=recipe, moe=moe)
+# Blockwise's plain init flips its first weight scale only at step 11-13 (docs/measurements.md,
+# "Numeric edges"); with the stress init and lr 0.01 the dense blockwise case flips 6 block scales at
+# step 0 and keeps all-zero and clamped blocks throughout (tools/scale_flips.py; ninth session), so
+# 4 steps cross what 30 plain steps did. mxfp8's 1x32 blocks flip from step 0 on, every step.
+STRESS = {"stress": ["zero_blocks", "pow2_edge", "tiny_values"], "lr": 0.01}
+
+
+@pytest.mark.parametrize("recipe,moe,steps,edges", [
+    pytest.param("blockwise", False, 4, STRESS, id="blockwise-dense-stress-4"),
+    pytest.param("mxfp8", True, 12, {}, id="mxfp8-moe-12"),
+    pytest.param("blockwise", True, 8, {}, id="blockwise-moe-8"),
+    pytest.param("mxfp8", False, 8, {}, id="mxfp8-dense-8"),
+])
+def test_on_equals_off(single_rank, recipe, moe, steps, edges):
+    res = run(single_rank, steps=steps, recipe=recipe, moe=moe, **edges)
     divs, bad = failures(res)
     assert not divs and not bad, (res["messages"], bad)
     # Every phase was compared, and the compared sets are not empty.
@@ -39,6 +48,18 @@ def test_on_equals_off(single_rank, recipe, moe, steps):
     # ON's FP8 bytes are compared against OFF's on-the-fly quantization.
     assert any(c.startswith("param_sync") for c in res["compared_by_phase"])
     assert len(res["steps"]) == steps
+
+
+@pytest.mark.parametrize("fault", [Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV])
+def test_the_stress_case_catches_scale_faults_at_step_0(single_rank, fault):
+    """The 4-step stress case above is a proof only if it reaches the edges: both faults that hide
+    until a scale flips or a block is tiny show at step 0 (with the plain init, 30 steps caught the
+    first at step 8 and never the second: docs/measurements/2026-12-04-ninth-session)."""
+    res = run(single_rank, steps=2, recipe="blockwise", moe=False, injections=[Injection("fault", name=fault)],
+              **STRESS)
+    divs, _ = failures(res)
+    first = min(divs, key=lambda d: (d["step"], STEP_PHASES.index(d["phase"])), default=None)
+    assert first is not None and (first["step"], first["phase"]) == (0, "param_sync")
 
 
 def test_partial_blocks(single_rank):
