@@ -21,6 +21,7 @@ import importlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,10 +42,10 @@ _HONOURED = {"PYTHONUNBUFFERED"}
 """Early variables the forked child applies itself."""
 
 
-def _needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> str | None:
-    keys = (env.keys() ^ server_env.keys()) | {k for k in env.keys() & server_env.keys() if env[k] != server_env[k]}
-    early = sorted(k for k in keys - _HONOURED if k.startswith(_EARLY_PREFIXES))
-    return ", ".join(early) or None
+def _needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> bool:
+    """Whether ``env`` sets an early variable otherwise than the environment the server started in."""
+    changed = (env.keys() ^ server_env.keys()) | {k for k in env.keys() & server_env.keys() if env[k] != server_env[k]}
+    return any(k.startswith(_EARLY_PREFIXES) for k in changed - _HONOURED)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -146,6 +147,7 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="parity-cli-fork-")
         self.path = os.path.join(self.dir, "sock")
         env = dict(os.environ)
+        # the server's imports are not a command's: a command asking for import times runs fresh
         env.pop("PYTHONPROFILEIMPORTTIME", None)
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path],
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -159,6 +161,7 @@ class _Server:
         if self.alive():
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _server: _Server | None = None

@@ -1,5 +1,5 @@
-"""How well the two xdist workers share the suite: runs ``python -m pytest -n N -v ARGS``, stamps
-every output line with the time, samples /proc/stat every 2 s (Linux), and prints when each worker
+"""How well the two xdist workers share the suite: runs ``python -m pytest -n N -v ARGS``, notes when
+each worker reports a test, reads /proc/stat before and after (Linux), and prints when each worker
 reported its last test, the CPU's idle share over the run, and pytest's own summary line.
 
     python tools/suite_balance.py [-n 2] [PYTEST_ARGS...]
@@ -11,7 +11,6 @@ import argparse
 import re
 import subprocess
 import sys
-import threading
 import time
 
 
@@ -25,14 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", default="2")
     args, rest = ap.parse_known_args()
-    samples = [_cpu_jiffies()]
-    done = threading.Event()
-
-    def sample():
-        while not done.wait(2.0):
-            samples.append(_cpu_jiffies())
-
-    threading.Thread(target=sample, daemon=True).start()
+    before = _cpu_jiffies()
     t0 = time.time()
     last: dict[str, float] = {}
     summary = ""
@@ -45,9 +37,7 @@ def main() -> None:
         if re.search(r"\d+ passed", line):
             summary = line.strip()
     proc.wait()
-    done.set()
-    samples.append(_cpu_jiffies())
-    total, idle = (b - a for a, b in zip(samples[0], samples[-1]))
+    total, idle = (b - a for a, b in zip(before, _cpu_jiffies()))
     for worker, t in sorted(last.items()):
         print(f"{worker}: last test reported at {t:.1f} s")
     if last:
