@@ -23,6 +23,7 @@ Two things the raw ``torch.distributed`` calls do not give on every backend:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -281,29 +282,35 @@ def ring_chunk_sizes(numel: int, world: int, element_size: int) -> list[int]:
     return [max(0, min(numel, (c + 1) * per_chunk) - c * per_chunk) for c in range(world)]
 
 
+@functools.lru_cache(maxsize=64)
+def _ring_order(numel: int, world: int, element_size: int, start: int, length: int) -> torch.Tensor:
+    """int64 [world, length]: row k holds, for the elements ``start + i``, the group rank whose
+    value the ring adds k-th. In chunk c the partial sum starts at rank c - 1 and travels down
+    the ring, each rank adding its own value to what it received: x[c-1], then x[c-2] + that,
+    ..., x[c] + that."""
+    sizes = torch.tensor(ring_chunk_sizes(numel, world, element_size))
+    chunk = torch.repeat_interleave(torch.arange(world), sizes)[start : start + length]
+    k = torch.arange(1, world + 1).unsqueeze(1)
+    return (chunk.unsqueeze(0) - k) % world
+
+
 def _ring_sum_into(out: torch.Tensor, rows: torch.Tensor, start: int, numel: int) -> None:
     """``out[i]`` = the ring's sum of ``rows[:, i]`` (row r: group rank r's contribution) for the
     elements ``start + i`` of an all-reduce of ``numel`` elements.
 
-    In chunk c the partial sum starts at rank c - 1 and travels down the ring, each rank adding
-    its own value to what it received: x[c-1], then x[c-2] + that, ..., x[c] + that.
+    The contributions are first put in each element's ring order (one gather), then added row
+    after row: every element sees the same additions, in the same order, as in gloo's ring.
     """
     world, length = rows.shape
-    lo = 0
-    for c, size in enumerate(ring_chunk_sizes(numel, world, rows.element_size())):
-        a, b = max(lo, start), min(lo + size, start + length)
-        lo += size
-        if a >= b:
-            continue
-        part = rows[:, a - start : b - start]
-        acc = part[(c - 1) % world].clone()
-        for k in range(2, world + 1):
-            acc.add_(part[(c - k) % world])  # acc + x: with two NaNs, x's payload survives, as in gloo
-        if acc.dtype == torch.bfloat16:
-            # gloo rounds each bf16 sum with c10's scalar conversion, which writes every NaN as
-            # 0x7FC0; torch's vectorized one writes 0xFFFF
-            acc.view(torch.int16).masked_fill_(torch.isnan(acc), 0x7FC0)
-        out[a - start : b - start].copy_(acc)
+    ordered = rows.gather(0, _ring_order(numel, world, rows.element_size(), start, length))
+    acc = ordered[0]
+    for k in range(1, world):
+        acc.add_(ordered[k])  # acc + x: with two NaNs, x's payload survives, as in gloo
+    if acc.dtype == torch.bfloat16:
+        # gloo rounds each bf16 sum with c10's scalar conversion, which writes every NaN as
+        # 0x7FC0; torch's vectorized one writes 0xFFFF
+        acc.view(torch.int16).masked_fill_(torch.isnan(acc), 0x7FC0)
+    out.copy_(acc)
 
 
 class _SumOnWait:

@@ -66,8 +66,13 @@ _ALIASES = {
 }
 
 
+_CANONICAL = (E4M3, E5M2)
+
+
 def canonical_fp8_dtype(fp8_dtype) -> str:
     """Return "e4m3" or "e5m2" for a name (any case) or a torch float8 dtype; ValueError otherwise."""
+    if fp8_dtype in _CANONICAL:  # already canonical: the hot path of every GEMM operand
+        return fp8_dtype
     if isinstance(fp8_dtype, torch.dtype):
         for name, dt in FP8_TORCH_DTYPE.items():
             if dt == fp8_dtype:

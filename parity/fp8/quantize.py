@@ -117,6 +117,13 @@ def _as_fp32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
+@functools.lru_cache(maxsize=64)
+def _fp32_const(x: float, device: torch.device) -> torch.Tensor:
+    """A 0-dim fp32 tensor holding x, made once per device (the scale math below is a dozen ops
+    on a few block amaxes, so a fresh full_like / scalar tensor per op is a measurable share)."""
+    return torch.tensor(x, dtype=torch.float32, device=device)
+
+
 def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.dtype, *,
                               pow2_scales: bool = True, eps: float = 0.0):
     """(scale, scale_inv) fp32 tensors from NaN-free fp32 block amaxes, exactly as TE (docs/spec/te.md 1.2).
@@ -127,20 +134,21 @@ def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.
     """
     if amax.dtype != torch.float32:
         raise TypeError(f"amax must be float32, got {amax.dtype}")
-    fmax = FP8_MAX[canonical_fp8_dtype(fp8_dtype)]
+    dev = amax.device
+    one = _fp32_const(1.0, dev)
     a = amax
     eps32 = _as_fp32(eps)
     if eps32 > 0.0:
-        a = torch.where(a < eps32, eps32, a)
+        a = torch.where(a < eps32, _fp32_const(eps32, dev), a)
     unit = (a == math.inf) | (a == 0.0) | torch.isnan(a)
-    # torch.div(full, a), NOT `fmax / a`: Tensor.__rtruediv__ computes reciprocal(a) * fmax, which
-    # is not the correctly rounded quotient (docs/spec/te.md 3).
-    s = torch.div(torch.full_like(a, fmax), a)
-    s = torch.where(s == math.inf, input_dtype_max(input_dtype), s)
+    # torch.div(fmax, a) of two tensors, NOT `fmax / a`: Tensor.__rtruediv__ computes
+    # reciprocal(a) * fmax, which is not the correctly rounded quotient (docs/spec/te.md 3).
+    s = torch.div(_fp32_const(FP8_MAX[canonical_fp8_dtype(fp8_dtype)], dev), a)
+    s = torch.where(s == math.inf, _fp32_const(input_dtype_max(input_dtype), dev), s)
     if pow2_scales:
         s = (s.view(torch.int32) & _SIGN_EXP_MASK).view(torch.float32)
-    s = torch.where(unit, 1.0, s)
-    scale_inv = torch.div(torch.ones_like(s), s)  # IEEE division: correctly rounded, subnormals kept
+    s = torch.where(unit, one, s)
+    scale_inv = torch.div(one, s)  # IEEE division: correctly rounded, subnormals kept
     return s, scale_inv
 
 
