@@ -94,9 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-nondeterministic", action="store_true",
                    help="run even if the determinism environment contradicts the contract")
     r.add_argument("--quiet", action="store_true")
-    r.add_argument("--profile", choices=("cpu", "wall"),
-                   help="cProfile every rank into OUT/profile/<scenario>/rank<r>.prof (read with "
-                   "`python -m pstats FILE`): cpu = the rank's own CPU time, wall = waits included")
+    r.add_argument("--profile", choices=("cpu", "wall", "ops"),
+                   help="profile every rank into OUT/profile/<scenario>/: cpu or wall = cProfile "
+                   "(rank<r>.prof, read with `python -m pstats FILE`) on the rank's own CPU time or "
+                   "on wall time (waits included); ops = the torch ops each parity function "
+                   "dispatched (rank<r>.ops.json, read with `python tools/op_counts.py OUT`)")
     r.add_argument("--resume-at", type=_positive_int, metavar="K",
                    help="checkpoint after K steps, resume in new ranks, compare the rest with the uninterrupted run")
     r.add_argument("--resume-world", type=_positive_int, metavar="W", help="with --resume-at: resume at world W")

@@ -221,7 +221,6 @@ class QuantizedTensor:
             raise ValueError(f"requantize_ source has {src.numel()} elements, expected {self.numel()} "
                              f"(shape {tuple(self.shape)})")
         _q._check_input(src)
-        M, K = self.m, self.k
         if tuple(src.shape) != tuple(self.shape):
             src = src.reshape(self.shape)
         x2 = _q._as_2d(src.to(self.device))

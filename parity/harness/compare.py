@@ -152,7 +152,8 @@ def bit_view(t: torch.Tensor) -> torch.Tensor:
     Works on non-contiguous views. Complex tensors are first viewed as real,
     which appends a trailing dimension of size 2.
     """
-    t = t.detach()
+    if t.requires_grad:  # (an op per call otherwise: the harness compares thousands per step)
+        t = t.detach()
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj())
     if t.dtype == torch.bool:

@@ -28,7 +28,7 @@ from parity.harness.compare import compare_tensors
 from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
-from parity.harness.timing import PhaseClock
+from parity.harness.timing import PhaseClock, profile_file
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
 from parity.vocab import Fault, Phase, Side
@@ -74,13 +74,14 @@ class RunOptions:
     digests_from: int | None = None
     """Record the sha256 of every tensor of both sides from this step on (resume comparison)."""
     profile: str | None = None
-    """'cpu' or 'wall' (the clock of timing.profiled): cProfile every rank into
-    OUT/profile/<scenario>/rank<r>.prof; None: no profile."""
+    """'cpu' or 'wall' (cProfile on that clock, OUT/profile/<scenario>/rank<r>.prof) or 'ops'
+    (torch op counts, OUT/profile/<scenario>/rank<r>.ops.json), see timing.profiled; None: no
+    profile."""
 
     def profile_path(self, scenario: str, rank: int) -> str | None:
         if self.profile is None:
             return None
-        return os.path.join(self.out_dir or ".", "profile", scenario, f"rank{rank}.prof")
+        return profile_file(os.path.join(self.out_dir or ".", "profile", scenario), rank, self.profile)
 
 
 @dataclass

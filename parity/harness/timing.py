@@ -11,12 +11,15 @@ that launched them (the harness synchronizes there anyway: a comparison reads it
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 HARNESS_PARTS = ("capture_compare", "golden", "snapshot", "checks", "checkpoint")
 """Harness work: copy and bit-compare of the reported tensors; golden digests; snapshot copies
@@ -92,31 +95,95 @@ def rank_cpu() -> dict | None:
             "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw}
 
 
-@contextmanager
-def profiled(path: str | None, clock: str = "cpu"):
-    """cProfile the block into ``path`` (a pstats file: ``python -m pstats PATH``); no-op when None.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
-    clock "cpu": the main thread's CPU time (what the rank computes, not its waits for a CPU or a
-    peer); "wall": wall time (waits included: collectives, CUDA synchronization). A file already
-    there (the first launch of a resumed run) is kept: this one gets the next free ``.N`` name."""
+
+def _free_path(path: str) -> str:
+    """``path``, or the next free ``STEM.N.EXT`` when a file is there already (the first launch
+    of a resumed run wrote it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    stem, ext = os.path.splitext(path)
+    n = 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{stem}.{n}{ext}"
+    return path
+
+
+def profile_file(directory: str, rank: int, mode: str) -> str:
+    """The file a rank's profile goes to: ``rank<r>.prof`` (cProfile) or ``rank<r>.ops.json``."""
+    return os.path.join(directory, f"rank{rank}.ops.json" if mode == "ops" else f"rank{rank}.prof")
+
+
+def _parity_caller() -> str:
+    """``module.py:function`` of the innermost parity frame on the stack (relative to the
+    package), or ``-`` when none (torch's own code called by torch)."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.startswith(_PACKAGE_DIR):
+            return f"{name[len(_PACKAGE_DIR):]}:{f.f_code.co_name}"
+        f = f.f_back
+    return "-"
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the torch ops dispatched while it is active, by op and by the parity function
+    that issued them. On a CPU rank of these small models an op's fixed cost (argument parsing,
+    dispatch, allocation: several microseconds) outweighs its arithmetic, so the count is a
+    deterministic measure of most of a rank's work, where wall and CPU times drift with the
+    machine."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict = defaultdict(int)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[(_parity_caller(), str(func))] += 1
+        return func(*args, **(kwargs or {}))
+
+    def summary(self) -> dict:
+        by_function, by_op = defaultdict(int), defaultdict(int)
+        for (fn, op), n in self.counts.items():
+            by_function[fn] += n
+            by_op[op] += n
+        ranked = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
+        return {"total": sum(by_op.values()), "by_function": ranked(by_function), "by_op": ranked(by_op),
+                "by_function_op": [[fn, op, n] for (fn, op), n in
+                                   sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))]}
+
+
+@contextmanager
+def profiled(path: str | None, mode: str = "cpu"):
+    """Profile the block into ``path``; no-op when None.
+
+    mode "cpu": cProfile on the main thread's CPU time (what the rank computes, not its waits for
+    a CPU or a peer); "wall": cProfile on wall time (waits included: collectives, CUDA
+    synchronization); both write a pstats file (``python -m pstats PATH``). "ops": the torch ops
+    the block dispatches, counted by op and by issuing parity function, as JSON
+    (``python tools/op_counts.py OUT``). A file already there (the first launch of a resumed
+    run) is kept: this one gets the next free ``.N`` name."""
     if path is None:
         yield
         return
+    if mode == "ops":
+        counter = _OpCounter()
+        try:
+            with counter:
+                yield
+        finally:
+            with open(_free_path(path), "w") as f:
+                json.dump(counter.summary(), f, indent=1)
+        return
     import cProfile
 
-    prof = cProfile.Profile(time.thread_time if clock == "cpu" else time.perf_counter)
+    prof = cProfile.Profile(time.thread_time if mode == "cpu" else time.perf_counter)
     prof.enable()
     try:
         yield
     finally:
         prof.disable()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        stem, ext = os.path.splitext(path)
-        n = 1
-        while os.path.exists(path):
-            n += 1
-            path = f"{stem}.{n}{ext}"
-        prof.dump_stats(path)
+        prof.dump_stats(_free_path(path))
 
 
 START_PARTS = ("process", "device", "process_group", "handoff")

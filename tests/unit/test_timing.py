@@ -71,6 +71,30 @@ def test_rank_cpu_counts_this_process_work(tmp_path):
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["rank0.2.prof", "rank0.prof"]
 
 
+def test_ops_profile_counts_ops_by_issuing_parity_function(tmp_path):
+    """One 1x128 rowwise quantization of a [4, 256] tensor: one call of the scale math (two IEEE
+    divisions: fp8max / amax and 1 / scale), issued from parity's own frames; ops torch runs on
+    its own (outside parity) are counted under '-'."""
+    import json
+
+    import torch
+
+    from parity.fp8 import quantize
+
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    path = tmp_path / "p" / "rank0.ops.json"
+    with timing.profiled(str(path), "ops"):
+        quantize(x, "blockwise", block="1x128", rowwise=True, columnwise=False)
+        torch.ones(3).add_(1.0)
+    c = json.loads(path.read_text())
+    fn_op = {(fn, op): n for fn, op, n in c["by_function_op"]}
+    assert fn_op[("fp8/quantize.py:blockwise_scale_from_amax", "aten.div.Tensor")] == 2
+    assert fn_op[("-", "aten.add_.Tensor")] == 1
+    assert c["total"] == sum(c["by_function"].values()) == sum(c["by_op"].values()) == sum(fn_op.values())
+    assert timing.profile_file("d", 3, "ops") == "d/rank3.ops.json"
+    assert timing.profile_file("d", 3, "cpu") == "d/rank3.prof"
+
+
 def test_start_parts_split_the_launch_to_entry_time():
     marks = {"entry": 11.0, "device": 11.5, "group": 13.0}
     assert timing.start_parts(10.0, marks, 13.25) == {"process": 1.0, "device": 0.5, "process_group": 1.5,
