@@ -497,9 +497,10 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
     scen, _, pid = golden
     root, manifest = _copy_root(golden, tmp_path)
     # the same scenario, long enough that a signal sent while its ranks run lands before the end
+    # (every run of it is killed; 40 steps once ended within the 0.5 s the test waits below)
     slow = tmp_path / "slow" / "tiny.toml"
     slow.parent.mkdir()
-    slow.write_text(TINY.replace("steps = 2", "steps = 40"))
+    slow.write_text(TINY.replace("steps = 2", "steps = 5000"))
     # Make the previous golden differ from what a regen records (in a field checks ignore), so a
     # regen that got to the end would replace it.
     m = json.loads(manifest.read_text())
