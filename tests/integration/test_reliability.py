@@ -497,10 +497,9 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
     scen, _, pid = golden
     root, manifest = _copy_root(golden, tmp_path)
     # the same scenario, long enough that a signal sent while its ranks run lands before the end
-    # (every run of it is killed; 40 steps once ended within the 0.5 s the test waits below)
     slow = tmp_path / "slow" / "tiny.toml"
     slow.parent.mkdir()
-    slow.write_text(TINY.replace("steps = 2", "steps = 5000"))
+    slow.write_text(TINY.replace("steps = 2", "steps = 40"))
     # Make the previous golden differ from what a regen records (in a field checks ignore), so a
     # regen that got to the end would replace it.
     m = json.loads(manifest.read_text())
@@ -513,7 +512,12 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
         logs = tmp_path / f"log-{sig}-{when}"
         argv = args if when == "early" else ["golden", "regen", slow, *args[3:]]
         with open(str(logs) + ".out", "w") as so, open(str(logs) + ".err", "w") as se:
-            p = subprocess.Popen(PARITY + [str(a) for a in argv], stdout=so, stderr=se, env=_env(marker))
+            # SIGINT at its default in the child, so that Python turns it into KeyboardInterrupt: a
+            # child started with SIGINT ignored keeps ignoring it (Python, like any Unix program,
+            # respects that), and a test run in the background of a shell has it ignored (the
+            # regen then ran to its end and replaced the golden)
+            p = subprocess.Popen(PARITY + [str(a) for a in argv], stdout=so, stderr=se, env=_env(marker),
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             if when == "early":
                 time.sleep(0.3)
             else:  # while the ranks run: both ranks forked
