@@ -1,7 +1,8 @@
 """Torch ops per rank and step of a `parity run --profile ops` run, by issuing parity function and
-by op: a deterministic measure of a rank's work on CPU, where every op costs several microseconds
-of fixed overhead and wall or CPU times drift with the machine (docs/measurements.md). Prints the
-numbers; asserts nothing. Compare two trees by running the same scenario in each.
+by op: where a rank's ops pile up, in a count that does not drift with the machine's speed (every
+op costs several microseconds of fixed overhead on CPU). A count, not a time: ops differ in cost,
+so time a change too (tools/bench_ep8.py). Prints the numbers; asserts nothing. Compare two trees
+by running the same scenario in each.
 
     parity run --recipe blockwise --ep 8 --steps 4 --golden off --profile ops --out OUT
     python tools/op_counts.py OUT [--top 25]

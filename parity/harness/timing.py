@@ -130,9 +130,9 @@ def _parity_caller() -> str:
 class _OpCounter(TorchDispatchMode):
     """Counts the torch ops dispatched while it is active, by op and by the parity function
     that issued them. On a CPU rank of these small models an op's fixed cost (argument parsing,
-    dispatch, allocation: several microseconds) outweighs its arithmetic, so the count is a
-    deterministic measure of most of a rank's work, where wall and CPU times drift with the
-    machine."""
+    dispatch, allocation: several microseconds) is a large part of its time, so the count shows
+    where the ops pile up without drifting with the machine's speed. It is a count, not a time:
+    ops differ in cost, so a change's effect on time needs its own measurement."""
 
     def __init__(self):
         super().__init__()
