@@ -25,7 +25,8 @@ def main():
     with open(os.path.join(args.out, "report.json")) as f:
         entries = json.load(f)["scenarios"]
     for e in entries:
-        files = sorted(glob.glob(os.path.join(glob.escape(os.path.join(args.out, "profile", e["name"])), "rank*.ops.json")))
+        folder = glob.escape(os.path.join(args.out, "profile", e["name"]))  # names hold [ ]
+        files = sorted(glob.glob(os.path.join(folder, "rank*.ops.json")))
         if not files:
             print(f"{e['name']}: no op counts (run with --profile ops)")
             continue

@@ -282,16 +282,29 @@ def ring_chunk_sizes(numel: int, world: int, element_size: int) -> list[int]:
     return [max(0, min(numel, (c + 1) * per_chunk) - c * per_chunk) for c in range(world)]
 
 
-@functools.lru_cache(maxsize=64)
+_RING_ORDER_CACHE_MAX = 1 << 20
+"""Largest ring order (world x length elements, 8 MiB) kept for reuse; larger ones (big
+reduce-scatter shards) are built per call, so the cache never holds a bucket-sized index."""
+
+
 def _ring_order(numel: int, world: int, element_size: int, start: int, length: int) -> torch.Tensor:
     """int64 [world, length]: row k holds, for the elements ``start + i``, the group rank whose
     value the ring adds k-th. In chunk c the partial sum starts at rank c - 1 and travels down
     the ring, each rank adding its own value to what it received: x[c-1], then x[c-2] + that,
     ..., x[c] + that."""
+    if world * length <= _RING_ORDER_CACHE_MAX:
+        return _cached_ring_order(numel, world, element_size, start, length)
+    return _build_ring_order(numel, world, element_size, start, length)
+
+
+def _build_ring_order(numel: int, world: int, element_size: int, start: int, length: int) -> torch.Tensor:
     sizes = torch.tensor(ring_chunk_sizes(numel, world, element_size))
     chunk = torch.repeat_interleave(torch.arange(world), sizes)[start : start + length]
     k = torch.arange(1, world + 1).unsqueeze(1)
     return (chunk.unsqueeze(0) - k) % world
+
+
+_cached_ring_order = functools.lru_cache(maxsize=64)(_build_ring_order)
 
 
 def _ring_sum_into(out: torch.Tensor, rows: torch.Tensor, start: int, numel: int) -> None:

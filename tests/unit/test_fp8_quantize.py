@@ -77,6 +77,29 @@ def ref_block_scale(blk: np.ndarray, fmt, src_dtype, pow2, eps):
     return s, np.float32(1.0) / s
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("src_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("pow2", [True, False])
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_scale_math_matches_the_reference_at_the_edges(fmt, src_dtype, pow2, eps):
+    """blockwise_scale_from_amax on amaxes at every fp32 magnitude (random bit patterns spread
+    over all exponents, subnormals included) and at the special points (0, inf, the 2^127 scale
+    cap, the Vinf clamp, fp8max itself) gives the slow reference's bits for scale and scale_inv."""
+    from parity.fp8.quantize import blockwise_scale_from_amax
+
+    g = np.random.default_rng(7)
+    bits = (g.integers(0, 255, 600, dtype=np.uint32) << 23) | g.integers(0, 1 << 23, 600, dtype=np.uint32)
+    special = [0.0, 1e-45, 1e-40, 2.0 ** -126, 448 * 2.0 ** -127, 2.0 ** -123, 2.0 ** -122, 1.0,
+               448.0, 57344.0, 3.0e38, 3.4028235e38, math.inf]
+    amax = np.concatenate([bits.view(np.float32), np.array(special, dtype=np.float32)])
+    s, si = blockwise_scale_from_amax(torch.from_numpy(amax.copy()), fmt, src_dtype, pow2_scales=pow2, eps=eps)
+    want = [ref_block_scale(np.array([a], dtype=np.float32), fmt, src_dtype, pow2, eps) for a in amax]
+    want_bits = np.array([[np.float32(x).view(np.uint32) for x in w] for w in want], dtype=np.uint32)
+    assert amax.size == 613 and np.isinf(amax).sum() == 1
+    assert np.array_equal(s.numpy().view(np.uint32), want_bits[:, 0])
+    assert np.array_equal(si.numpy().view(np.uint32), want_bits[:, 1])
+
+
 def ref_blockwise_dir(x: np.ndarray, bm: int, bk: int, fmt, src_dtype, pow2, eps):
     """Quantize fp32 array x [M, K] with bm x bk blocks: (bytes [M, K], scale_inv [ceil(M/bm), ceil(K/bk)])."""
     M, K = x.shape
@@ -167,7 +190,6 @@ def bits(t) -> np.ndarray:
 
 
 def assert_parts_equal(q: QuantizedTensor, ref: dict, where=""):
-    M, K = q.m, q.k
     for name, want in ref.items():
         got = getattr(q, name)
         assert got is not None, f"{where}{name} missing"
