@@ -25,7 +25,7 @@ from typing import Any
 import threadpoolctl
 import torch
 
-from parity.distributed.pins import CPU_PINS
+from parity.distributed.pins import CPU_PINS, OPENBLAS_CORETYPE
 
 __all__ = [
     "ACCEPTED_CUBLAS_WORKSPACE_CONFIGS",
@@ -36,6 +36,7 @@ __all__ = [
     "apply_cpu_pins",
     "apply_determinism",
     "cpu_isa",
+    "openblas_coretype",
     "validate_determinism_env",
 ]
 
@@ -77,8 +78,10 @@ def apply_cpu_pins(env: MutableMapping[str, str] = os.environ) -> dict[str, str]
     """Set :data:`CPU_PINS` where ``env`` lacks them; returns the ones set by this call.
 
     Takes effect only before the process's first CPU kernel dispatch (ATen reads
-    ATEN_CPU_CAPABILITY once, MKL reads MKL_CBWR at its first call): the launcher applies them
-    in the parent before any rank or fork server starts, and again in each rank.
+    ATEN_CPU_CAPABILITY once, MKL reads MKL_CBWR at its first call) and, for OpenBLAS, before
+    numpy loads: the launcher starts ranks and the fork server with them in the environment
+    (:func:`parity.distributed.pins.pinned_environ`), and each rank applies them again. A rank
+    whose ATen or OpenBLAS already runs other kernels than the pins ask for is refused.
     """
     set_now = {}
     for name, value in CPU_PINS.items():
@@ -95,7 +98,25 @@ def apply_cpu_pins(env: MutableMapping[str, str] = os.environ) -> dict[str, str]
                 f"ATen already runs its {have} CPU kernels in this process, but ATEN_CPU_CAPABILITY "
                 f"asks for {want}: set ATEN_CPU_CAPABILITY={want} in the environment before starting it"
             )
+        # OpenBLAS picks its kernels when numpy loads it, before any pin set in this process.
+        want = env.get("OPENBLAS_CORETYPE")
+        have = openblas_coretype()
+        if want == OPENBLAS_CORETYPE and have not in (None, want):
+            raise DeterminismError(
+                f"numpy's OpenBLAS already runs its {have} kernels in this process, but "
+                f"OPENBLAS_CORETYPE asks for {want}: set OPENBLAS_CORETYPE={want} in the environment "
+                "before starting it"
+            )
     return set_now
+
+
+def openblas_coretype() -> str | None:
+    """The kernel set numpy's OpenBLAS runs in this process (e.g. ``Haswell``), or None when numpy's
+    BLAS is another library."""
+    for lib in threadpoolctl.threadpool_info():
+        if lib.get("internal_api") == "openblas":
+            return lib.get("architecture")
+    return None
 
 
 # NCCL_ALGO is a comma-separated list. Ring and the CollNet variants reduce in a fixed order;

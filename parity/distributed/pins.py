@@ -2,8 +2,9 @@
 
 :data:`CPU_PINS` fix the CPU kernels ranks run; :func:`pin_before_torch` sets them, and one BLAS
 thread, in a process that has not imported torch yet (the CLI does so first thing). ATen reads
-ATEN_CPU_CAPABILITY at its first kernel dispatch and MKL reads MKL_CBWR at its first call, so a
-process pinned this way runs the pinned kernels itself, and so does a child it forks
+ATEN_CPU_CAPABILITY at its first kernel dispatch, MKL reads MKL_CBWR at its first call and numpy's
+OpenBLAS reads OPENBLAS_CORETYPE when it loads (``import torch`` loads numpy), so a process pinned
+this way runs the pinned kernels itself, and so does a child it forks
 (:mod:`parity.harness.launch`). Ranks also set the pins in their own environment
 (:func:`parity.distributed.determinism.apply_cpu_pins`), which is enough for a rank that is a fresh
 interpreter or the child of a fork server that never ran a kernel.
@@ -11,10 +12,35 @@ interpreter or the child of a fork server that never ran a kernel.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
 import sys
+from collections.abc import Iterator
 
-__all__ = ["CPU_PINS", "pin_before_torch", "pinned_before_torch"]
+__all__ = ["CPU_PINS", "OPENBLAS_CORETYPE", "pin_before_torch", "pinned_before_torch", "pinned_environ"]
+
+OPENBLAS_CORETYPE = "Haswell"
+"""The OpenBLAS kernel set numpy's fp32 GEMMs run (parity.model.matmul): its AVX2+FMA kernels give
+the same bits on Intel and AMD CPUs and across OpenBLAS versions (docs/spec/platform.md s1.2),
+while OpenBLAS's own choice follows the CPU (SkylakeX kernels on an AVX-512 Xeon: other bits)."""
+
+
+def _has_avx2_fma() -> bool:
+    """Whether this is an x86-64 Linux CPU with AVX2 and FMA: forcing OpenBLAS's Haswell kernels
+    on a CPU without them would stop the process with an illegal instruction when numpy loads."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return "avx2" in flags and "fma" in flags
+    except OSError:
+        pass
+    return False
+
 
 # CPU kernels that give the same bits on every x86-64 CPU with AVX2 (docs/measurements/
 # 2026-12-01-cpu-platform-independence.md). Without them the bits follow the CPU: ATen picks its
@@ -34,6 +60,10 @@ CPU_PINS: dict[str, str] = {
     # dispatch on AMD.
     "MKL_CBWR": "COMPATIBLE,STRICT",
 }
+# numpy's OpenBLAS on its AVX2+FMA kernels, where the CPU has them: the fp32 GEMMs of the model and
+# of Newton-Schulz run there (parity.model.matmul), 2-4x faster than on MKL's COMPATIBLE branch.
+if _has_avx2_fma():
+    CPU_PINS["OPENBLAS_CORETYPE"] = OPENBLAS_CORETYPE
 
 _pinned_before_torch = False
 
@@ -55,3 +85,18 @@ def pinned_before_torch() -> bool:
     """Whether :func:`pin_before_torch` pinned this process before torch loaded: then its own
     kernels are the pinned ones, and so are those of a child it forks."""
     return _pinned_before_torch
+
+
+@contextlib.contextmanager
+def pinned_environ() -> Iterator[None]:
+    """``os.environ`` with :data:`CPU_PINS` set where unset, for the duration: a process started
+    inside (a spawned rank, a fork server) loads numpy's OpenBLAS on the pinned kernels, which it
+    could no longer change once torch is imported. Restored afterwards."""
+    added = [name for name in CPU_PINS if name not in os.environ]
+    for name in added:
+        os.environ[name] = CPU_PINS[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from parity.distributed.pins import pinned_before_torch
+from parity.distributed.pins import pinned_before_torch, pinned_environ
 from parity.harness.torchrun_env import under_torchrun
 
 PRELOAD = ["parity.harness.launch", "parity.harness.driver"]
@@ -65,4 +65,5 @@ def start_early(devices=("cpu",)) -> None:
     from multiprocessing import forkserver
 
     context()
-    forkserver.ensure_running()
+    with pinned_environ():  # its numpy loads OpenBLAS on the pinned kernels
+        forkserver.ensure_running()

@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import apply_determinism
-from parity.distributed.pins import pinned_before_torch
+from parity.distributed.pins import pinned_before_torch, pinned_environ
 from parity.harness.forkserver import PRELOAD, context, forks_cpu_ranks
 from parity.harness.torchrun_env import under_torchrun
 
@@ -1012,7 +1012,8 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
                 args=(plan, cfg, payload, child_end, parent_pid, parent_env, std_fds),
                 name=f"parity-rank-{plan.rank}",
             )
-            proc.start()
+            with pinned_environ():  # a spawned rank or the fork server loads numpy's BLAS pinned
+                proc.start()
             child_end.close()  # only the rank holds its end: EOF there means the rank is gone
             mon.procs[plan.rank], mon.conns[plan.rank] = proc, parent_end
         if serve is not None:

@@ -5,10 +5,11 @@ Bits of a training step depend on which kernels ran and how reductions were orde
 * CUDA: the GPU model, the torch version (its kernels and the cuBLAS/NCCL it bundles), the CUDA
   version it was built for and the TransformerEngine version, and the process-group backend.
 * CPU: NOT the CPU model. The ranks pin the CPU kernels (``parity.distributed.determinism.CPU_PINS``:
-  ATen's kernels at AVX2, MKL on its strict reproducible COMPATIBLE branch) and the model runs no
-  oneDNN GEMM, so what still decides the bits is the ATen kernel set in effect (``cpu_isa``:
-  avx2 on any x86-64 CPU that has it), the MKL mode (``mkl_cbwr``), the machine architecture,
-  the torch version and the backend. Measured: docs/measurements/2026-12-01-cpu-platform-independence.md.
+  ATen's kernels at AVX2, MKL on its strict reproducible COMPATIBLE branch, numpy's OpenBLAS on
+  its Haswell kernels) and the model runs no oneDNN GEMM, so what still decides the bits is the
+  ATen kernel set in effect (``cpu_isa``: avx2 on any x86-64 CPU that has it), the MKL mode
+  (``mkl_cbwr``), numpy's BLAS and its kernels (``numpy_blas``), the machine architecture, the
+  torch version and the backend. Measured: docs/measurements/2026-12-01-cpu-platform-independence.md.
 
 Those fields (:func:`match_keys`) must all be equal for an exact golden to apply; the torch
 version is compared without its local build tag (``2.13.0+cpu`` and ``2.13.0+cu130`` run the same
@@ -27,9 +28,11 @@ import platform as _stdlib_platform
 import re
 import sys
 
+import threadpoolctl
 import torch
 
 from parity.distributed.determinism import CPU_PINS, cpu_isa
+from parity.distributed.pins import OPENBLAS_CORETYPE
 from parity.harness.errors import UsageError
 
 __all__ = [
@@ -42,11 +45,24 @@ __all__ = [
 ]
 
 DEFAULT_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
+_PINNED_BLAS = f"openblas-{OPENBLAS_CORETYPE.lower()}"
 
 EXACT_MATCH_KEYS: dict[str, tuple[str, ...]] = {
-    "cpu": ("device_kind", "cpu_isa", "mkl_cbwr", "machine", "torch", "backend"),
+    "cpu": ("device_kind", "cpu_isa", "mkl_cbwr", "numpy_blas", "machine", "torch", "backend"),
     "cuda": ("device_kind", "device_name", "torch", "cuda", "te", "backend"),
 }
+
+
+def _numpy_blas() -> str:
+    """The BLAS numpy's fp32 GEMMs run in the ranks (parity.model.matmul): ``openblas-<kernels>``
+    with the kernel set the rank environment asks for (the pin, which ranks refuse to run without:
+    parity.distributed.determinism.apply_cpu_pins) or ``openblas-auto`` (OpenBLAS picks by CPU),
+    else the library's name."""
+    apis = [lib.get("internal_api") for lib in threadpoolctl.threadpool_info() if lib.get("user_api") == "blas"]
+    if "openblas" not in apis:  # numpy built on another BLAS (torch's MKL is linked statically)
+        return apis[0] if apis else "none"
+    coretype = os.environ.get("OPENBLAS_CORETYPE", CPU_PINS.get("OPENBLAS_CORETYPE", "auto"))
+    return f"openblas-{coretype.lower()}"
 
 
 def _cpu_model() -> str:
@@ -79,7 +95,7 @@ def platform_fingerprint(device: str = "cpu", backend: str | None = None) -> dic
 
     Returns:
         ``{str: str}``: ``device_kind``, ``device_name``, ``torch``, ``cuda``, ``te``,
-        ``backend``, ``cpu_isa``, ``mkl_cbwr``, ``machine``, ``python``, ``os``, ``nccl``,
+        ``backend``, ``cpu_isa``, ``mkl_cbwr``, ``numpy_blas``, ``machine``, ``python``, ``os``, ``nccl``,
         ``cudnn`` (see :func:`match_keys` for the compared ones).
     """
     dev = torch.device(device)
@@ -109,6 +125,7 @@ def platform_fingerprint(device: str = "cpu", backend: str | None = None) -> dic
         "backend": backend,
         "cpu_isa": cpu_isa(),
         "mkl_cbwr": os.environ.get("MKL_CBWR", CPU_PINS["MKL_CBWR"]),
+        "numpy_blas": _numpy_blas(),
         "python": _stdlib_platform.python_version(),
         "machine": _stdlib_platform.machine(),
         "os": sys.platform,
@@ -152,8 +169,9 @@ def _slug(text: str, limit: int = 40, *, model: bool = False) -> str:
 def platform_id(fp: dict[str, str]) -> str:
     """A short filesystem-safe slug of the compared fields of a fingerprint.
 
-    CPU: ``cpu-{isa}-torch{X.Y.Z}``, plus ``-mkl-{mode}`` when MKL_CBWR is not the pin and the
-    architecture when it is not x86_64. CUDA: ``cuda-{GPU}-torch{X.Y.Z}[-cu{C}][-te{T}]``. Either
+    CPU: ``cpu-{isa}-torch{X.Y.Z}``, plus ``-mkl-{mode}`` when MKL_CBWR is not the pin,
+    ``-blas-{numpy's BLAS}`` when that is not OpenBLAS on the pinned kernels, and the architecture
+    when it is not x86_64. CUDA: ``cuda-{GPU}-torch{X.Y.Z}[-cu{C}][-te{T}]``. Either
     ends with the backend when it is not the device's default.
     """
     kind = fp.get("device_kind", "unknown")
@@ -162,6 +180,8 @@ def platform_id(fp: dict[str, str]) -> str:
         parts = ["cpu", _slug(fp.get("cpu_isa", "unknown"), 16), "torch" + _slug(torch_public, 16)]
         if fp.get("mkl_cbwr", CPU_PINS["MKL_CBWR"]) != CPU_PINS["MKL_CBWR"]:
             parts.append("mkl-" + _slug(fp["mkl_cbwr"], 24))
+        if fp.get("numpy_blas", _PINNED_BLAS) != _PINNED_BLAS:
+            parts.append("blas-" + _slug(fp["numpy_blas"], 24))
         if fp.get("machine", "x86_64") != "x86_64":
             parts.append(_slug(fp["machine"], 16))
     else:

@@ -36,7 +36,7 @@ from parity.vocab import STEP_PHASES
 REPO = Path(__file__).resolve().parents[2]
 FP = {"device_kind": "cpu", "device_name": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "torch": "2.13.0+cpu",
       "cuda": "none", "te": "none", "backend": "gloo", "cpu_isa": "avx2", "mkl_cbwr": "COMPATIBLE,STRICT",
-      "machine": "x86_64", "python": "3.11.7", "os": "linux", "nccl": "none", "cudnn": "none"}
+      "numpy_blas": "openblas-haswell", "machine": "x86_64", "python": "3.11.7", "os": "linux", "nccl": "none", "cudnn": "none"}
 PID = "cpu-avx2-torch2.13.0"
 SCEN = make_scenario({"name": "tiny", "world": 2, "steps": 4, "golden_tensor_steps": [0, -1]})
 
@@ -92,6 +92,9 @@ def test_cpu_platform_id_names_the_kernels_not_the_cpu_model():
     assert set(fingerprint_diff(FP, dict(FP, cpu_isa="avx512"))) == {"cpu_isa"}
     assert platform_id(dict(FP, cpu_isa="default")) == "cpu-default-torch2.13.0"
     assert platform_id(dict(FP, mkl_cbwr="AUTO")) == "cpu-avx2-torch2.13.0-mkl-auto"
+    assert platform_id(dict(FP, numpy_blas="openblas-auto")) == "cpu-avx2-torch2.13.0-blas-openblas-auto"
+    assert platform_id(dict(FP, numpy_blas="mkl")) == "cpu-avx2-torch2.13.0-blas-mkl"
+    assert set(fingerprint_diff(FP, dict(FP, numpy_blas="openblas-skylakex"))) == {"numpy_blas"}
     assert platform_id(dict(FP, machine="aarch64", cpu_isa="sve256")) == "cpu-sve256-torch2.13.0-aarch64"
     assert fingerprint_diff(FP, dict(FP, torch="2.13.0")) == {}  # local build tag ignored
     cuda = dict(FP, device_kind="cuda", device_name="NVIDIA H200", torch="2.11.0+cu130", cuda="13.0", backend="nccl")

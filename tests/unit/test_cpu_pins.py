@@ -78,8 +78,9 @@ def test_pins_make_the_bits_independent_of_the_instruction_sets():
 
 def test_pins_fill_only_unset_variables():
     env = {"MKL_CBWR": "AUTO"}
-    assert apply_cpu_pins(env) == {"ATEN_CPU_CAPABILITY": "avx2"}
-    assert env == {"MKL_CBWR": "AUTO", "ATEN_CPU_CAPABILITY": "avx2"}
+    blas = {"OPENBLAS_CORETYPE": "Haswell"} if "OPENBLAS_CORETYPE" in CPU_PINS else {}
+    assert apply_cpu_pins(env) == {"ATEN_CPU_CAPABILITY": "avx2", **blas}
+    assert env == {"MKL_CBWR": "AUTO", "ATEN_CPU_CAPABILITY": "avx2", **blas}
     assert cpu_isa({"ATEN_CPU_CAPABILITY": "default"}) == "default"
     assert cpu_isa({}) in ("avx2", "default")  # the pin, capped by this CPU
 
@@ -93,6 +94,64 @@ def test_pins_after_the_first_dispatch_are_refused():
     r = subprocess.run([sys.executable, "-c", code], env={**e, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
     assert r.returncode != 0 and "DeterminismError" in r.stderr and "ATen already runs its avx512" in r.stderr
     assert issubclass(DeterminismError, Exception)
+
+
+# The CPU's fp32 GEMM (parity.model.matmul) in a fresh interpreter, under OPENBLAS_CORETYPE=argv[1].
+GEMM_PROBE = """
+import hashlib, sys, torch
+from parity.distributed.determinism import openblas_coretype
+from parity.model import matmul
+g = torch.Generator().manual_seed(0)
+a, b = torch.randn(128, 256, generator=g), torch.randn(256, 192, generator=g)
+x, w = torch.randn(64, 320, generator=g).requires_grad_(True), torch.randn(96, 320, generator=g)
+y = matmul.linear(x, w)
+y.pow(2).sum().backward()
+h = hashlib.sha256()
+for t in (matmul.mm(a, b), matmul.addmm(a[:, :192], a, b, beta=0.75, alpha=-1.5), y, x.grad):
+    h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+print(openblas_coretype(), h.hexdigest()[:16])
+"""
+
+needs_pinned_blas = pytest.mark.skipif("OPENBLAS_CORETYPE" not in CPU_PINS,
+                                       reason="OpenBLAS's kernels are pinned on x86-64 Linux CPUs with AVX2 and FMA")
+
+
+def _gemm_probe(coretype: str) -> tuple[str, str]:
+    e = {k: v for k, v in os.environ.items() if k not in CPU_PINS}
+    e.update(OPENBLAS_CORETYPE=coretype, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", GEMM_PROBE], env=e, capture_output=True, text=True, check=True)
+    kernels, digest = out.stdout.split()
+    return kernels, digest
+
+
+@needs_pinned_blas
+def test_the_cpu_gemm_bits_follow_openblas_kernels():
+    """Why the ranks pin OpenBLAS's kernels: another kernel set (here Sandybridge's AVX kernels,
+    without FMA, which any AVX2 CPU runs; an AVX-512 CPU's own choice is SkylakeX) gives other bits
+    for the same GEMMs. That the pinned kernels give the same bits on Intel and AMD CPUs was
+    measured (docs/spec/platform.md s1.2)."""
+    pinned = _gemm_probe("Haswell")
+    other = _gemm_probe("Sandybridge")
+    assert pinned[0] == "Haswell" and other[0] == "Sandybridge"
+    assert pinned[1] != other[1]
+
+
+@needs_pinned_blas
+def test_a_rank_whose_openblas_loaded_before_the_pin_is_refused():
+    """numpy's OpenBLAS picks its kernels when it loads: a process that loaded it on other kernels
+    and only then gets the pin (as a rank forked from an unpinned process would) must not run."""
+    code = ("import os, torch\n"  # torch loads numpy, and OpenBLAS on the kernels the environment names
+            "del os.environ['OPENBLAS_CORETYPE']\n"
+            "from parity.distributed.determinism import apply_cpu_pins\n"
+            "apply_cpu_pins()\n")
+    e = {k: v for k, v in os.environ.items() if k not in CPU_PINS}
+    e.update(OPENBLAS_CORETYPE="Sandybridge", PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+    assert r.returncode != 0 and "DeterminismError" in r.stderr
+    assert "OpenBLAS already runs its Sandybridge kernels" in r.stderr
+    e["OPENBLAS_CORETYPE"] = "Haswell"  # loaded pinned: accepted
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 def test_fp32_gemm_formulation_is_a_bf16_gemm_with_one_rounding():
@@ -111,7 +170,7 @@ def test_fp32_gemm_formulation_is_a_bf16_gemm_with_one_rounding():
         assert torch.equal(matmul.mm(a, a.T), (a.double() @ a.double().T).float().bfloat16())
         assert torch.get_float32_matmul_precision() == "medium"
         c = matmul.addmm(a[:, :8], a, a.T[:, :8], beta=0.5, alpha=2.0)
-        ref = torch.addmm(a[:, :8].float(), a.float(), a.T[:, :8].float(), beta=0.5, alpha=2.0)
-        assert torch.equal(c, ref.bfloat16())
+        exact = (a.double() @ a.double().T[:, :8]).float()  # K=16: exact in fp32, as is * 2.0
+        assert torch.equal(c, (a[:, :8].float() * 0.5 + exact * 2.0).bfloat16())
     finally:
         torch.set_float32_matmul_precision(prev)
