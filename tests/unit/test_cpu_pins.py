@@ -51,6 +51,8 @@ print(torch.backends.cpu.get_cpu_capability(), h.hexdigest()[:16])
 
 def _probe(mode: str, gemm: str, **env) -> tuple[str, str]:
     e = {k: v for k, v in os.environ.items() if k not in (*CPU_PINS, "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")}
+    if mode == "pinned" and "OPENBLAS_CORETYPE" in CPU_PINS:
+        e["OPENBLAS_CORETYPE"] = CPU_PINS["OPENBLAS_CORETYPE"]  # read when numpy loads, before the probe's pins
     e.update(env, PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", PROBE, mode, gemm], env=e, capture_output=True, text=True, check=True)
     cap, digest = out.stdout.split()
