@@ -73,7 +73,7 @@ CASES = {
                                                         tensor="experts.7.fc2.weight.fp8.")),
     "stale-scale-inv": ("w2-ep2-stress", Expect("mismatch", phase="param_sync", step=0, tensor=".fp8.")),
     "padding-only-shard": ("w4-padded-gap-shard-resume", Expect(
-        "error", error="checkpoint save failed: Failed to validate global plan: key:test/distopt/")),
+        "error", error="checkpoint save failed: Failed to validate global plan")),  # torch 2.13 adds the key
 }
 
 

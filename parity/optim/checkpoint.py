@@ -412,10 +412,11 @@ def save(path: str, state: dict, manifest: dict) -> dict:
 
 def _dcp_reason(e: BaseException) -> str:
     """One line from DCP's exception, which carries the failing ranks' tracebacks: their last
-    line says what went wrong (for a plan that does not cover a tensor, the first such key)."""
+    line says what went wrong (for a plan that does not cover a tensor, the first such key: torch
+    2.13 names it, 2.11 does not)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     last = lines[-1] if lines else type(e).__name__
-    if last.startswith("ValueError: Failed to validate global plan:"):
+    if last.startswith("ValueError: Failed to validate global plan"):
         return last.split("; key:")[0][len("ValueError: "):] + " (and more)" * ("; key:" in last)
     return last[:500]
 
