@@ -25,11 +25,12 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT"}
+sys.path.insert(0, str(REPO))
+from parity.distributed.pins import CPU_PINS as PINS  # noqa: E402  (torch-free)
 
 
 def bench(code: Path, env: dict[str, str], args: list[str]) -> dict:
-    full = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
+    full = {k: v for k, v in os.environ.items() if k not in (*PINS, "ONEDNN_MAX_CPU_ISA")}
     full.update(env)
     full["PYTHONPATH"] = str(code)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -52,7 +53,7 @@ def main() -> None:
     extra = ["--steps", str(args.steps), "--warmup", "1"] + (["--moe"] if args.moe else [])
     cols = {"before (native ISA, oneDNN bf16 GEMMs)": (Path(args.before).resolve(), {}),
             "after, without pins (fp32 GEMMs, native ISA)": (REPO, {}),
-            "after (fp32 GEMMs, ATen AVX2, MKL CNR COMPATIBLE)": (REPO, PINS)}
+            "after (fp32 GEMMs, ATen AVX2, MKL CNR COMPATIBLE, OpenBLAS Haswell)": (REPO, PINS)}
     short = ["--steps", "1", "--warmup", "1"] + (["--moe"] if args.moe else [])
     runs: dict[str, list[dict]] = {k: [] for k in cols}
     for r in range(args.rounds):

@@ -176,7 +176,11 @@ def _child(threads: int, pinned: bool, repeat: int) -> None:
 
 def run_variant(env: dict[str, str], threads: int, pinned: bool, repeat: int) -> dict:
     full = {k: v for k, v in os.environ.items()
-            if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")}
+            if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
+                         "OPENBLAS_CORETYPE")}
+    if pinned:  # OpenBLAS reads its pin when numpy loads, before the child could apply it
+        from parity.distributed.pins import CPU_PINS
+        full.update({k: v for k, v in CPU_PINS.items() if k == "OPENBLAS_CORETYPE"})
     full.update(env)
     cmd = [sys.executable, __file__, "--child", str(threads), "--repeat", str(repeat)] + (["--pinned"] if pinned else [])
     out = subprocess.run(cmd, env=full, capture_output=True, text=True, check=True)

@@ -41,7 +41,8 @@ VARIANTS: list[tuple[str, dict[str, str], int]] = [
                                               "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, 1),
     ("2 threads per rank", {}, 2),
 ]
-_CLEARED = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "PARITY_GOLDENS")
+_CLEARED = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "OPENBLAS_CORETYPE",
+            "PARITY_GOLDENS")
 
 # Runs `parity run` with the launcher's per-rank thread count replaced (argv[1]).
 _RUNNER = """
