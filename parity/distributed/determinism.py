@@ -105,7 +105,8 @@ def apply_cpu_pins(env: MutableMapping[str, str] = os.environ) -> dict[str, str]
             raise DeterminismError(
                 f"numpy's OpenBLAS already runs its {have} kernels in this process, but "
                 f"OPENBLAS_CORETYPE asks for {want}: set OPENBLAS_CORETYPE={want} in the environment "
-                "before starting it"
+                f"before starting it (an OpenBLAS built for one CPU only: set OPENBLAS_CORETYPE={have}, "
+                "a platform of its own)"
             )
     return set_now
 

@@ -55,9 +55,9 @@ EXACT_MATCH_KEYS: dict[str, tuple[str, ...]] = {
 
 def _numpy_blas() -> str:
     """The BLAS numpy's fp32 GEMMs run in the ranks (parity.model.matmul): ``openblas-<kernels>``
-    with the kernel set the rank environment asks for (the pin, which ranks refuse to run without:
-    parity.distributed.determinism.apply_cpu_pins) or ``openblas-auto`` (OpenBLAS picks by CPU),
-    else the library's name."""
+    with the kernel set the ranks' environment asks for (a rank whose OpenBLAS runs other kernels
+    than the pin is refused: parity.distributed.determinism.apply_cpu_pins), ``openblas-auto``
+    where nothing is pinned (OpenBLAS picks by CPU), else the library's name."""
     apis = [lib.get("internal_api") for lib in threadpoolctl.threadpool_info() if lib.get("user_api") == "blas"]
     if "openblas" not in apis:  # numpy built on another BLAS (torch's MKL is linked statically)
         return apis[0] if apis else "none"
