@@ -5,9 +5,11 @@ thread, in a process that has not imported torch yet (the CLI does so first thin
 ATEN_CPU_CAPABILITY at its first kernel dispatch, MKL reads MKL_CBWR at its first call and numpy's
 OpenBLAS reads OPENBLAS_CORETYPE when it loads (``import torch`` loads numpy), so a process pinned
 this way runs the pinned kernels itself, and so does a child it forks
-(:mod:`parity.harness.launch`). Ranks also set the pins in their own environment
-(:func:`parity.distributed.determinism.apply_cpu_pins`), which is enough for a rank that is a fresh
-interpreter or the child of a fork server that never ran a kernel.
+(:mod:`parity.harness.launch`). A launcher in a process that loaded torch unpinned starts its
+ranks and fork server inside :func:`pinned_environ`, so they load numpy's OpenBLAS pinned; each
+rank then sets the pins in its own environment before its first kernel
+(:func:`parity.distributed.determinism.apply_cpu_pins`, which refuses a rank whose ATen or OpenBLAS
+already runs other kernels).
 """
 
 from __future__ import annotations
