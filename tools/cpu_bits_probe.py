@@ -174,6 +174,14 @@ def _child(threads: int, pinned: bool, repeat: int) -> None:
     print(json.dumps(res))
 
 
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return any(line.startswith("flags") and "avx512f" in line.split() for line in f)
+    except OSError:
+        return True  # cannot tell: try every variant
+
+
 def run_variant(env: dict[str, str], threads: int, pinned: bool, repeat: int) -> dict:
     full = {k: v for k, v in os.environ.items()
             if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
@@ -196,7 +204,13 @@ def main() -> None:
     if args.child is not None:
         _child(args.child, args.pinned, args.repeat)
         return
-    results = [(label, run_variant(env, threads, args.pinned, args.repeat)) for label, env, threads in VARIANTS]
+    runnable = []
+    for label, env, threads in VARIANTS:
+        if any("avx512" in v.lower() for v in env.values()) and not _has_avx512():
+            print(f"skipped: {label} (this CPU has no AVX-512: the library would run AVX-512 code and die of an illegal instruction)")
+            continue
+        runnable.append((label, env, threads))
+    results = [(label, run_variant(env, threads, args.pinned, args.repeat)) for label, env, threads in runnable]
     base = results[0][1]
     ops = [k for k in base if not k.startswith("_")]
     print(f"CPU op bits by variant ({'with' if args.pinned else 'without'} parity's CPU pins); "
