@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from parity.distributed.pins import CPU_PINS, cpu_flags  # torch-free
+
 VARIANTS: list[tuple[str, dict[str, str], int]] = [
     ("native (this CPU), 1 thread", {}, 1),
     ("ATEN_CPU_CAPABILITY=avx512", {"ATEN_CPU_CAPABILITY": "avx512"}, 1),
@@ -174,20 +176,11 @@ def _child(threads: int, pinned: bool, repeat: int) -> None:
     print(json.dumps(res))
 
 
-def _has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return any(line.startswith("flags") and "avx512f" in line.split() for line in f)
-    except OSError:
-        return True  # cannot tell: try every variant
-
-
 def run_variant(env: dict[str, str], threads: int, pinned: bool, repeat: int) -> dict:
     full = {k: v for k, v in os.environ.items()
             if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
                          "OPENBLAS_CORETYPE")}
     if pinned:  # OpenBLAS reads its pin when numpy loads, before the child could apply it
-        from parity.distributed.pins import CPU_PINS
         full.update({k: v for k, v in CPU_PINS.items() if k == "OPENBLAS_CORETYPE"})
     full.update(env)
     cmd = [sys.executable, __file__, "--child", str(threads), "--repeat", str(repeat)] + (["--pinned"] if pinned else [])
@@ -206,7 +199,8 @@ def main() -> None:
         return
     runnable = []
     for label, env, threads in VARIANTS:
-        if env.get("ATEN_CPU_CAPABILITY") == "avx512" and not _has_avx512():
+        flags = cpu_flags()
+        if env.get("ATEN_CPU_CAPABILITY") == "avx512" and flags is not None and "avx512f" not in flags:
             # ATen takes the variable at its word (oneDNN's is a cap, which is harmless)
             print(f"skipped: {label} (this CPU has no AVX-512: ATen would run AVX-512 kernels and die)")
             continue

@@ -20,7 +20,8 @@ import platform
 import sys
 from collections.abc import Iterator
 
-__all__ = ["CPU_PINS", "OPENBLAS_CORETYPE", "pin_before_torch", "pinned_before_torch", "pinned_environ"]
+__all__ = ["CPU_PINS", "OPENBLAS_CORETYPE", "cpu_flags", "pin_before_torch", "pinned_before_torch",
+           "pinned_environ"]
 
 OPENBLAS_CORETYPE = "Haswell"
 """The OpenBLAS kernel set numpy's fp32 GEMMs run (parity.model.matmul): its AVX2+FMA kernels give
@@ -28,20 +29,24 @@ the same bits on Intel and AMD CPUs and across OpenBLAS versions (docs/spec/plat
 while OpenBLAS's own choice follows the CPU (SkylakeX kernels on an AVX-512 Xeon: other bits)."""
 
 
-def _has_avx2_fma() -> bool:
-    """Whether this is an x86-64 Linux CPU with AVX2 and FMA: forcing OpenBLAS's Haswell kernels
-    on a CPU without them would stop the process with an illegal instruction when numpy loads."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
-        return False
+def cpu_flags() -> frozenset[str] | None:
+    """The instruction-set flags of this CPU from /proc/cpuinfo (Linux), or None where unknown."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return "avx2" in flags and "fma" in flags
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return None
+
+
+def _has_avx2_fma() -> bool:
+    """Whether this is an x86-64 Linux CPU with AVX2 and FMA: forcing OpenBLAS's Haswell kernels
+    on a CPU without them would stop the process with an illegal instruction when numpy loads."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return {"avx2", "fma"} <= (cpu_flags() or frozenset())
 
 
 # CPU kernels that give the same bits on every x86-64 CPU with AVX2 (docs/measurements/

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parity.distributed.determinism import DeterminismError
+from parity.distributed.determinism import CPU_PINS, DeterminismError, openblas_coretype
 from parity.harness.launch import LaunchConfig, RankFailure, free_port, launch
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -49,7 +49,16 @@ def _sum_ranks(ctx, scale):
         "extra": os.environ.get("PARITY_TEST_EXTRA"),
         "applied": ctx.determinism["env"]["CUBLAS_WORKSPACE_CONFIG"],
         "launcher": ctx.launcher,
+        "openblas": openblas_coretype(),
+        "start_env_blas": _start_env().get("OPENBLAS_CORETYPE"),
     }
+
+
+def _start_env() -> dict[str, str]:
+    """The environment this process's image started with (a forkserver rank: its server's), which
+    is what OpenBLAS read when numpy loaded; os.environ may have changed since."""
+    raw = Path("/proc/self/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
 
 
 def _rank1_raises(ctx):
@@ -128,7 +137,8 @@ def _launch_expecting_failure(fn, cfg, *args):
     # 4 spawned ranks import torch 4 times: ~5 s on 2 idle cores, hence slow
     [(2, "spawn"), pytest.param(4, "spawn", marks=pytest.mark.slow), (4, "forkserver")],
 )
-def test_launch_results_in_rank_order(world_size, start_method, capfd):
+def test_launch_results_in_rank_order(world_size, start_method, capfd, monkeypatch):
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)  # an unpinned parent, as a pytest worker is
     cfg = LaunchConfig(
         world_size=world_size, start_method=start_method, deadline_s=120, env={"PARITY_TEST_EXTRA": "yes"}
     )
@@ -141,6 +151,8 @@ def test_launch_results_in_rank_order(world_size, start_method, capfd):
         assert r["deterministic"] is True and r["threads"] == 1
         assert r["nccl_algo"] == "Ring" and r["applied"] == ":4096:8"
         assert r["extra"] == "yes" and r["launcher"] == start_method
+        if "OPENBLAS_CORETYPE" in CPU_PINS:  # the rank's process started pinned, and OpenBLAS runs the pin
+            assert r["start_env_blas"] == r["openblas"] == CPU_PINS["OPENBLAS_CORETYPE"], r
     _assert_no_orphans([r["pid"] for r in results])
     out = capfd.readouterr().out
     for rank in range(world_size):

@@ -1,5 +1,10 @@
-"""Digest of numpy fp32 GEMMs (OpenBLAS) over shapes of parity's CPU GEMMs; run under different
-OPENBLAS_CORETYPE values and on different CPUs, then compare the digests."""
+"""One digest over 84 fp32 GEMMs through numpy (its OpenBLAS), on the shapes of parity's CPU GEMMs
+(parity.model.matmul) and odd ones: normal, bf16-valued and exponent-spread inputs, plain and
+transposed operands. Prints the CPU, numpy's BLAS and its kernel set, and the digest; asserts
+nothing. Run it on two CPUs with the pin (docs/spec/platform.md s1.2) and compare the digests:
+
+    OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell python tools/openblas_bits.py [-v]
+"""
 import hashlib, os, sys, platform
 import numpy as np
 from threadpoolctl import threadpool_info
