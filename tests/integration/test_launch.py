@@ -62,7 +62,7 @@ def _start_env() -> dict[str, str]:
 
 
 def _page_faults_of_reused_memory(ctx):
-    """Minor page faults while tensors of 1-4 MiB are made and freed again, after one warm-up round,
+    """Minor page faults while tensors of 1-4 MiB are made and freed again, after three warm-up rounds,
     and how many objects the garbage collector skips (frozen at start)."""
     import gc
     import resource
@@ -72,8 +72,10 @@ def _page_faults_of_reused_memory(ctx):
             ts = [torch.ones(n) for _ in range(8)]
             del ts
 
-    round_of_tensors()
+    for _ in range(3):  # the heap settles (a forked rank also copies the pages it shares)
+        round_of_tensors()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    round_of_tensors()
     round_of_tensors()
     return {"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
             "frozen": gc.get_freeze_count()}

@@ -1,9 +1,9 @@
 """`parity triage`: first divergence, origin phase and diagnosis, drift per step, breakdowns.
 
-The slow tests make real runs (`parity run` on 2 gloo ranks, 8 steps) and triage them:
+The slow tests make real runs (`parity run` on 2 gloo ranks, 5 steps) and triage them:
 
-* ``grad``: a 1-ULP bump of one reduced grad at step 5 (``ulp:5:grad_reduce:*``);
-* ``spread``: a 1-ULP bump of one raw FP8 byte of the synced params at step 5, which the next
+* ``grad``: a 1-ULP bump of one reduced grad at step 2 (``ulp:2:grad_reduce:*``);
+* ``spread``: a 1-ULP bump of one raw FP8 byte of the synced params at step 2, which the next
   forward sees, so the drift spreads through every phase of the later steps;
 * ``clean``: no fault.
 
@@ -36,7 +36,7 @@ world = 2
 ep = 2
 moe = true
 overlap = false
-steps = 8
+steps = 5
 golden_tensor_steps = [0, -1]
 """
 
@@ -57,8 +57,8 @@ def runs(tmp_path_factory):
     scen.write_text(SCENARIO)
     out = {}
     for name, extra, rc in (
-        ("grad", ["--inject", "ulp:5:grad_reduce:*", "--snapshot", "all"], 1),
-        ("spread", ["--inject", f"ulp:5:param_sync:{FP8_BYTE}", "--snapshot", "all"], 1),
+        ("grad", ["--inject", "ulp:2:grad_reduce:*", "--snapshot", "all"], 1),
+        ("spread", ["--inject", f"ulp:2:param_sync:{FP8_BYTE}", "--snapshot", "all"], 1),
         ("clean", ["--steps", "2", "--snapshot", "none"], 0),
     ):
         d = root / name
@@ -81,37 +81,37 @@ def _report_counts(run: Path) -> dict[int, int]:
 def test_grad_reduce_bump_is_traced_to_the_reduction(runs, capsys):
     df = triage.load_divergences(runs["grad"])
     fd = triage.first_divergence(df)
-    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"]) == (5, "grad_reduce", QKV, 0)
+    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"]) == (2, "grad_reduce", QKV, 0)
     assert fd["n_diff"] == 1 and fd["max_ulp"] == 1
     assert fd["n_tensors"] == 2  # every rank bumped its replica of the reduced grad
     diag = triage.diagnose(df)
-    assert diag.startswith(f"first divergence at step 5 / grad_reduce / {QKV} / rank 0")
+    assert diag.startswith(f"first divergence at step 2 / grad_reduce / {QKV} / rank 0")
     assert "local grads equal, reduced grads differ: the reduction changed" in diag
     assert triage.origin(df)["phase"] == "grad_reduce"
 
     psp = triage.per_step_phase(df)
-    assert sorted(psp["step"].unique()) == [5, 6, 7]  # every step after the first divergent one
-    assert list(psp[psp["step"] == 5]["phase"]) == ["forward", "grad_local", "grad_reduce", "optimizer",
+    assert sorted(psp["step"].unique()) == [2, 3, 4]  # every step after the first divergent one
+    assert list(psp[psp["step"] == 2]["phase"]) == ["forward", "grad_local", "grad_reduce", "optimizer",
                                                     "param_sync"]
-    row = psp[(psp["step"] == 5) & (psp["phase"] == "grad_reduce")].iloc[0]
+    row = psp[(psp["step"] == 2) & (psp["phase"] == "grad_reduce")].iloc[0]
     assert row["n_tensors"] == 2 and row["n_diff"] == 2 and row["max_ulp"] == 1 and row["median_ulp"] == 1
     assert row["n_compared"] > 2 and 0 < row["frac_diff"] < 1e-3
-    assert psp[(psp["step"] == 5) & (psp["phase"] == "grad_local")].iloc[0]["n_tensors"] == 0
+    assert psp[(psp["step"] == 2) & (psp["phase"] == "grad_local")].iloc[0]["n_tensors"] == 0
     # the per-step drift agrees with the run's own table, step by step
     dr = triage.drift(df).set_index("step")["n_tensors"].to_dict()
     want = _report_counts(runs["grad"])
-    assert dr == {s: want.get(s, 0) for s in range(5, 8)}
+    assert dr == {s: want.get(s, 0) for s in range(2, 5)}
 
     assert main(["triage", str(runs["grad"])]) == 1
     out = capsys.readouterr().out
     assert "the reduction changed" in out
     # both replicas of the reduced grad; whether Muon's bf16 update absorbs the bump depends on the values
-    assert re.search(r"step 5: \d+ differing tensor comparisons? \(grad_reduce 2[,)]", out), out
+    assert re.search(r"step 2: \d+ differing tensor comparisons? \(grad_reduce 2[,)]", out), out
     tdir = runs["grad"] / "triage"
     for f in ("triage.md", "divergences.csv", "per_step_phase.csv", "drift.csv", "per_param.csv", "per_layer.csv"):
         assert (tdir / f).is_file(), f
     md = (tdir / "triage.md").read_text()
-    assert "**Diagnosis:** first divergence at step 5 / grad_reduce" in md
+    assert "**Diagnosis:** first divergence at step 2 / grad_reduce" in md
     assert "originates in **grad_reduce**" in md
     csv = pd.read_csv(tdir / "divergences.csv")
     assert len(csv) == len(df) and "ulps" not in csv.columns
@@ -121,19 +121,19 @@ def test_grad_reduce_bump_is_traced_to_the_reduction(runs, capsys):
 def test_drift_spreads_in_later_steps(runs):
     df = triage.load_divergences(runs["spread"])
     fd = triage.first_divergence(df)
-    assert (fd["step"], fd["phase"], fd["tensor"]) == (5, "param_sync", FP8_BYTE)
+    assert (fd["step"], fd["phase"], fd["tensor"]) == (2, "param_sync", FP8_BYTE)
     assert fd["max_ulp"] == 1  # raw FP8 bytes: the code distance, from the snapshots
     assert "masters equal, synced FP8 params differ (rowwise_data)" in triage.diagnose(df)
     dr = triage.drift(df).set_index("step")
-    assert dr.loc[7, "n_tensors"] > dr.loc[6, "n_tensors"] > dr.loc[5, "n_tensors"] == 2
-    assert dr.loc[7, "max_ulp"] > dr.loc[5, "max_ulp"]
-    assert dr.loc[6, "phases"] == "forward,grad_local,grad_reduce,optimizer,param_sync"
+    assert dr.loc[4, "n_tensors"] > dr.loc[3, "n_tensors"] > dr.loc[2, "n_tensors"] == 2
+    assert dr.loc[4, "max_ulp"] > dr.loc[2, "max_ulp"]
+    assert dr.loc[3, "phases"] == "forward,grad_local,grad_reduce,optimizer,param_sync"
     assert "drift spreads" in triage.drift_summary(df)[0]
     layers = triage.per_layer(df)
     assert {"layers.0", "layers.1", "(model)"} <= set(layers["layer"])
     params = triage.per_param(df)
-    assert params.iloc[0]["param"] == QKV and params.iloc[0]["first_step"] == 5
-    assert (params["first_step"] >= 5).all()
+    assert params.iloc[0]["param"] == QKV and params.iloc[0]["first_step"] == 2
+    assert (params["first_step"] >= 2).all()
 
 
 @pytest.mark.slow
@@ -151,14 +151,14 @@ def test_clean_run_says_no_divergence(runs, capsys):
 @pytest.mark.slow
 def test_against_another_run(runs, capsys):
     # side A of `grad` vs side A of `spread` (the reference): `grad` bumped a reduced grad at
-    # step 5, `spread` a synced FP8 byte after it, which then spreads
+    # step 2, `spread` a synced FP8 byte after it, which then spreads
     df = triage.compare_runs(runs["grad"], runs["spread"])
     fd = triage.first_divergence(df)
-    assert (fd["step"], fd["phase"], fd["tensor"]) == (5, "grad_reduce", QKV)
+    assert (fd["step"], fd["phase"], fd["tensor"]) == (2, "grad_reduce", QKV)
     assert "the reduction changed" in triage.diagnose(df)
     dr = triage.drift(df).set_index("step")
-    assert dr.loc[7, "n_tensors"] > dr.loc[5, "n_tensors"]
-    assert df.attrs["parity"]["scenarios"]["triage-w2"]["n_compared"][(5, "grad_reduce")] == 46
+    assert dr.loc[4, "n_tensors"] > dr.loc[2, "n_tensors"]
+    assert df.attrs["parity"]["scenarios"]["triage-w2"]["n_compared"][(2, "grad_reduce")] == 46
     # a run without `--snapshot all` cannot be compared step by step
     assert main(["triage", str(runs["grad"]), "--against", str(runs["clean"])]) == 2
     assert "--snapshot all" in capsys.readouterr().err
@@ -174,21 +174,21 @@ def test_against_golden(runs, tmp_path, capsys):
     assert p.returncode == 0, p.stdout + p.stderr
     df = triage.compare_golden(runs["grad"], root)
     fd = triage.first_divergence(df)
-    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"], fd["reason"]) == (5, "grad_reduce", QKV, 0, "digest")
+    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"], fd["reason"]) == (2, "grad_reduce", QKV, 0, "digest")
     assert "the reduction changed" in triage.diagnose(df)
     # The bump is on the test side only and the golden is the clean run's: the golden sees the
     # test side differ at exactly the steps where the run saw it differ from its reference. A
     # flipped FP8 weight byte spreads: the loss differs from the golden's from the next forward on.
     assert sorted(df["step"].unique()) == sorted(_report_counts(runs["grad"]))
     df = triage.compare_golden(runs["spread"], root)
-    assert df[(df["step"] == 6) & (df["tensor"] == "loss")].iloc[0]["max_ulp"] > 0  # loss bits vs the golden's
-    last = df[(df["step"] == 7) & (df["rank"] == 0)]  # the golden's stored step: element statistics
+    assert df[(df["step"] == 3) & (df["tensor"] == "loss")].iloc[0]["max_ulp"] > 0  # loss bits vs the golden's
+    last = df[(df["step"] == 4) & (df["rank"] == 0)]  # the golden's stored step: element statistics
     assert len(last) and (last["reason"] == "values").all() and (last["n_diff"] > 0).all()
     floats = last[last["dtype"].str.contains("float")]  # raw FP8 bytes and counts have no ULP distance
     assert len(floats) and floats["max_ulp"].notna().all()
     assert main(["triage", str(runs["spread"]), "--against", "golden", "--goldens", str(root),
                  "--out", str(tmp_path / "t")]) == 1
-    assert f"first divergence at step 5 / param_sync / {FP8_BYTE}" in capsys.readouterr().out
+    assert f"first divergence at step 2 / param_sync / {FP8_BYTE}" in capsys.readouterr().out
     # a 2-step run checks the golden's first 2 steps
     assert main(["triage", str(runs["clean"]), "--against", "golden", "--goldens", str(root),
                  "--out", str(tmp_path / "c")]) == 0
