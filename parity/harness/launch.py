@@ -139,6 +139,11 @@ class LaunchConfig:
     page is faulted in afresh: a world-4 MoE run spent 11% less wall time and a third less
     system time with this (docs/measurements.md, twelfth session). The peak is unchanged; the
     rank just does not hand memory back before it exits. CUDA ranks are left as they are."""
+    freeze_start_objects: bool = True
+    """Every rank moves the objects it holds when it starts (torch's and the stack's modules, about
+    170k) out of the garbage collector's reach (``gc.freeze``): they live until the rank ends, and
+    a full collection walked all of them, 0.2-0.3 s per CPU rank, copying each page it touched of
+    a forked rank's memory (docs/measurements.md, twelfth session)."""
     start_method: str = "spawn"
     """"spawn": every rank is a fresh interpreter (imports torch itself: about 1.3 s of CPU per rank).
     "forkserver": ranks are forked from a server process that imported torch once per parent
@@ -722,10 +727,8 @@ def _rank_main(
         _bind_to_one_cpu(plan.local_rank, plan.local_world_size)
     if cfg.device == "cpu" and cfg.retain_freed_memory:
         _retain_freed_memory()
-    # The objects this process holds now (torch, the stack's modules: ~170k) live until it ends.
-    # Frozen, the garbage collector no longer walks them: a full collection cost each CPU rank
-    # 0.2-0.3 s, and copied every page it touched of a forked rank's memory.
-    gc.freeze()
+    if cfg.freeze_start_objects:
+        gc.freeze()
     _adopt_std_streams(*std_fds)
     if cfg.prefix_output:
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")

@@ -82,7 +82,8 @@ class PhaseClock:
 
 
 def rank_cpu() -> dict | None:
-    """This process's CPU time and context switches so far (None where ``resource`` is missing).
+    """This process's CPU time, context switches and page faults (minor: no disk read) so far (None
+    where ``resource`` is missing).
 
     With more ranks than CPUs the wall time of a phase includes the time a rank waited for a CPU;
     the CPU time says how much work the rank itself did."""
@@ -92,7 +93,8 @@ def rank_cpu() -> dict | None:
         return None
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"user_s": ru.ru_utime, "system_s": ru.ru_stime,
-            "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw}
+            "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw,
+            "page_faults": ru.ru_minflt}
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -291,6 +293,7 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
     if cpu:
         lines += ["", (f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
                        f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
-                       f"involuntary context switches; {timing['ranks_averaged']} ranks, {cpu['host_cpus']} CPUs on "
+                       f"involuntary context switches, {cpu.get('page_faults', 0):.0f} page faults; "
+                       f"{timing['ranks_averaged']} ranks, {cpu['host_cpus']} CPUs on "
                        f"this host")]
     return lines + [""]

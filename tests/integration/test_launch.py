@@ -180,18 +180,18 @@ def test_launch_results_in_rank_order(world_size, start_method, capfd, monkeypat
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-@pytest.mark.parametrize("retain", [True, False])
-def test_cpu_ranks_reuse_freed_memory_and_freeze_their_start_up_objects(retain):
+@pytest.mark.parametrize("on", [True, False])
+def test_cpu_ranks_reuse_freed_memory_and_freeze_their_start_up_objects(on):
     """A rank reuses the memory it freed: no page is faulted in again (with glibc's defaults the
     same round of tensors faults thousands of pages in afresh each time). And the ~170k objects a
     rank starts with are frozen: the garbage collector does not walk them."""
-    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120, retain_freed_memory=retain)
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120,
+                       retain_freed_memory=on, freeze_start_objects=on)
     for r in launch(_page_faults_of_reused_memory, cfg):
-        assert r["frozen"] > 50_000, r
-        if retain:
-            assert r["faults"] < 100, r
-        else:
-            assert r["faults"] > 2_000, r  # what the check above would see without the setting
+        if on:
+            assert r["faults"] < 100 and r["frozen"] > 50_000, r
+        else:  # what the checks above would see without the settings
+            assert r["faults"] > 2_000 and r["frozen"] == 0, r
 
 
 # ---------------------------------------------------------------------------------------------
