@@ -191,7 +191,7 @@ def test_cpu_ranks_reuse_freed_memory_and_freeze_their_start_up_objects(on):
         if on:
             assert r["faults"] < 100 and r["frozen"] > 50_000, r
         else:  # what the checks above would see without the settings
-            assert r["faults"] > 2_000 and r["frozen"] == 0, r
+            assert r["faults"] > 2_000 and r["frozen"] < 50_000, r  # (a forkserver may freeze a few)
 
 
 # ---------------------------------------------------------------------------------------------
