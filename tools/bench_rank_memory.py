@@ -1,8 +1,8 @@
 """What two per-rank process settings save on the CPU: freed memory kept in the heap
 (LaunchConfig.retain_freed_memory) and the start-up objects frozen out of the garbage collector
 (LaunchConfig.freeze_start_objects). Runs one scenario with both settings on and both off,
-alternately, in this one process, and prints the wall time and each rank's mean CPU time and page
-faults. Prints numbers; asserts nothing.
+alternately, in this one process, and prints the wall time, each rank's mean CPU time and page
+faults, and the largest peak RSS of a rank. Prints numbers; asserts nothing.
 
     python tools/bench_rank_memory.py [SCENARIO] [--steps 8] [--repeat 3]
 """
@@ -29,7 +29,8 @@ def _once(scenario, on: bool) -> dict:
     wall = time.perf_counter() - t0
     cpu = [r["cpu"] for r in results]
     mean = {k: statistics.fmean(c[k] for c in cpu) for k in ("user_s", "system_s", "page_faults")}
-    return {"wall_s": wall, **mean}
+    peak = max(r["memory"]["peak_rss_bytes"] for r in results) / 2**20
+    return {"wall_s": wall, **mean, "peak_rss_mib": peak}
 
 
 def main():
@@ -47,13 +48,15 @@ def main():
             r = _once(scenario, on)
             rows[on].append(r)
             print(f"run {i + 1}, settings {'on ' if on else 'off'}: wall {r['wall_s']:.2f} s, per rank: user "
-                  f"{r['user_s']:.2f} s, system {r['system_s']:.2f} s, {r['page_faults']:.0f} page faults",
+                  f"{r['user_s']:.2f} s, system {r['system_s']:.2f} s, {r['page_faults']:.0f} page faults; "
+                  f"largest peak RSS {r['peak_rss_mib']:.0f} MiB",
                   flush=True)
     print(f"{scenario.name}, world {scenario.world}, {scenario.steps} steps, means over {args.repeat} runs:")
     for on in (True, False):
         m = {k: statistics.fmean(r[k] for r in rows[on]) for k in rows[on][0]}
         print(f"  settings {'on ' if on else 'off'}: wall {m['wall_s']:.2f} s, per rank: user {m['user_s']:.2f} s, "
-              f"system {m['system_s']:.2f} s, {m['page_faults']:.0f} page faults")
+              f"system {m['system_s']:.2f} s, {m['page_faults']:.0f} page faults; largest peak RSS "
+              f"{m['peak_rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

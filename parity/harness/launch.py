@@ -136,9 +136,10 @@ class LaunchConfig:
     """CPU ranks keep the memory they free in their heap for the next allocation (glibc's
     mallopt: no mmap for blocks up to 32 MiB, no trimming of the heap top). With glibc's defaults
     the many tensors of a few hundred KiB a step are mapped and unmapped each time, and every
-    page is faulted in afresh: a world-4 MoE run spent 11% less wall time and a third less
-    system time with this (docs/measurements.md, twelfth session). The peak is unchanged; the
-    rank just does not hand memory back before it exits. CUDA ranks are left as they are."""
+    page is faulted in afresh. With this and :attr:`freeze_start_objects`, a world-4 MoE command
+    faulted in a third as many pages, spent a third less system time and ran 12% faster
+    (docs/measurements.md, twelfth session). The rank hands freed memory back to the OS only when
+    it exits. CUDA ranks are left as they are."""
     freeze_start_objects: bool = True
     """Every rank moves the objects it holds when it starts (torch's and the stack's modules, about
     170k) out of the garbage collector's reach (``gc.freeze``): they live until the rank ends, and
