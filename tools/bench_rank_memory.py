@@ -1,8 +1,8 @@
 """What two per-rank process settings save on the CPU: freed memory kept in the heap
 (LaunchConfig.retain_freed_memory) and the start-up objects frozen out of the garbage collector
 (LaunchConfig.freeze_start_objects). Runs one scenario with both settings on and both off,
-alternately, in this one process, and prints the wall time, each rank's mean CPU time and page
-faults, and the largest peak RSS of a rank. Prints numbers; asserts nothing.
+alternately, in this one process, and prints the wall time, each rank's mean CPU time, page
+faults and time in the garbage collector, and the largest peak RSS of a rank. Prints numbers; asserts nothing.
 
     python tools/bench_rank_memory.py [SCENARIO] [--steps 8] [--repeat 3]
 """
@@ -28,7 +28,7 @@ def _once(scenario, on: bool) -> dict:
     results = launch(_progress_rank_main, cfg, scenario, opts)
     wall = time.perf_counter() - t0
     cpu = [r["cpu"] for r in results]
-    mean = {k: statistics.fmean(c[k] for c in cpu) for k in ("user_s", "system_s", "page_faults")}
+    mean = {k: statistics.fmean(c[k] for c in cpu) for k in ("user_s", "system_s", "page_faults", "gc_s")}
     peak = max(r["memory"]["peak_rss_bytes"] for r in results) / 2**20
     return {"wall_s": wall, **mean, "peak_rss_mib": peak}
 
@@ -48,14 +48,15 @@ def main():
             r = _once(scenario, on)
             rows[on].append(r)
             print(f"run {i + 1}, settings {'on ' if on else 'off'}: wall {r['wall_s']:.2f} s, per rank: user "
-                  f"{r['user_s']:.2f} s, system {r['system_s']:.2f} s, {r['page_faults']:.0f} page faults; "
-                  f"largest peak RSS {r['peak_rss_mib']:.0f} MiB",
+                  f"{r['user_s']:.2f} s, system {r['system_s']:.2f} s, {r['page_faults']:.0f} page faults, "
+                  f"{r['gc_s']:.3f} s in the garbage collector; largest peak RSS {r['peak_rss_mib']:.0f} MiB",
                   flush=True)
     print(f"{scenario.name}, world {scenario.world}, {scenario.steps} steps, means over {args.repeat} runs:")
     for on in (True, False):
         m = {k: statistics.fmean(r[k] for r in rows[on]) for k in rows[on][0]}
         print(f"  settings {'on ' if on else 'off'}: wall {m['wall_s']:.2f} s, per rank: user {m['user_s']:.2f} s, "
-              f"system {m['system_s']:.2f} s, {m['page_faults']:.0f} page faults; largest peak RSS "
+              f"system {m['system_s']:.2f} s, {m['page_faults']:.0f} page faults, "
+              f"{m['gc_s']:.3f} s in the garbage collector; largest peak RSS "
               f"{m['peak_rss_mib']:.0f} MiB")
 
 

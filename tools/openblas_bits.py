@@ -8,6 +8,7 @@ nothing. Run it on two CPUs with the pin (docs/spec/platform.md s1.2) and compar
 import hashlib, os, sys, platform
 import numpy as np
 from threadpoolctl import threadpool_info
+from parity.distributed.pins import cpuinfo_field  # torch-free; numpy above loaded OpenBLAS already
 rng = np.random.default_rng(1234)
 def bf16(x):  # round-to-nearest-even to bf16 values held in fp32
     b = x.astype(np.float32).view(np.uint32).astype(np.uint64)
@@ -27,7 +28,7 @@ for m,k,n in shapes:
             per.append(f"{m}x{k}x{n}-{kind}-{'T' if trans else 'N'} {d}")
             h.update(c.tobytes())
 info = [{k: i.get(k) for k in ("internal_api","version","architecture","num_threads")} for i in threadpool_info()]
-print("cpu:", next((l.split(":",1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"))
+print("cpu:", cpuinfo_field("model name"))
 print("numpy", np.__version__, "OPENBLAS_CORETYPE", os.environ.get("OPENBLAS_CORETYPE"), info)
 print("ALL", h.hexdigest())
 if "-v" in sys.argv: print("\n".join(per))

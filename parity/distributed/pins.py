@@ -20,8 +20,8 @@ import platform
 import sys
 from collections.abc import Iterator
 
-__all__ = ["CPU_PINS", "OPENBLAS_CORETYPE", "cpu_flags", "pin_before_torch", "pinned_before_torch",
-           "pinned_environ"]
+__all__ = ["CPU_PINS", "OPENBLAS_CORETYPE", "cpu_flags", "cpuinfo_field", "pin_before_torch",
+           "pinned_before_torch", "pinned_environ"]
 
 OPENBLAS_CORETYPE = "Haswell"
 """The OpenBLAS kernel set numpy's fp32 GEMMs run (parity.model.matmul): its AVX2+FMA kernels give
@@ -29,16 +29,24 @@ the same bits on Intel and AMD CPUs and across OpenBLAS versions (docs/spec/plat
 while OpenBLAS's own choice follows the CPU (SkylakeX kernels on an AVX-512 Xeon: other bits)."""
 
 
-def cpu_flags() -> frozenset[str] | None:
-    """The instruction-set flags of this CPU from /proc/cpuinfo (Linux), or None where unknown."""
+def cpuinfo_field(name: str) -> str | None:
+    """The value of field ``name`` (e.g. "model name", "flags") of the first CPU in /proc/cpuinfo
+    (Linux), or None where unknown."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                key, sep, value = line.partition(":")
+                if sep and key.strip().lower() == name:
+                    return value.strip()
     except OSError:
         pass
     return None
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The instruction-set flags of this CPU from /proc/cpuinfo (Linux), or None where unknown."""
+    flags = cpuinfo_field("flags")
+    return None if flags is None else frozenset(flags.split())
 
 
 def _has_avx2_fma() -> bool:

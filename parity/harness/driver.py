@@ -19,7 +19,7 @@ from parity.harness.errors import ConfigError
 from parity.harness.launch import LaunchConfig, RankFailure, launch, torchrun_job, under_torchrun
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
-from parity.harness.timing import profiled, rank_cpu, start_parts
+from parity.harness.timing import profiled, rank_cpu, start_parts, time_garbage_collection
 
 _SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
 
@@ -47,6 +47,7 @@ def _progress_rank_main(ctx, scenario, opts):
     import parity.harness.runner as runner
 
     entered_at = time.time()
+    time_garbage_collection()
     state = {"rank": ctx.rank, "step": -1, "phase": "build", "t": time.time(),
              "in_collective": False, "where": "", "host": socket.gethostname()}
     lock = threading.Lock()

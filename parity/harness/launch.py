@@ -685,17 +685,18 @@ _MMAP_THRESHOLD = 32 << 20
 _TRIM_THRESHOLD = 1 << 30  # mallopt takes a C int
 
 
-def _retain_freed_memory() -> bool:
+def _retain_freed_memory() -> None:
     """Keep freed blocks of up to 32 MiB in this process's heap (see
     :attr:`LaunchConfig.retain_freed_memory`). Both settings together: either alone turns off
     glibc's adaptive threshold and leaves the other at its 128 KiB default, which faults more
-    pages than before. False where the C library has no mallopt (not glibc)."""
+    pages than before. Nothing happens where the C library has no mallopt (not glibc)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):  # no C library handle, or no mallopt in it
-        return False
+        return
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 def _rank_main(

@@ -32,7 +32,7 @@ import threadpoolctl
 import torch
 
 from parity.distributed.determinism import CPU_PINS, cpu_isa
-from parity.distributed.pins import OPENBLAS_CORETYPE
+from parity.distributed.pins import OPENBLAS_CORETYPE, cpuinfo_field
 from parity.harness.errors import UsageError
 
 __all__ = [
@@ -66,14 +66,8 @@ def _numpy_blas() -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _stdlib_platform.processor() or _stdlib_platform.machine() or "unknown-cpu"
+    return (cpuinfo_field("model name") or _stdlib_platform.processor() or _stdlib_platform.machine()
+            or "unknown-cpu")
 
 
 def _dist_version(*names: str) -> str:

@@ -11,6 +11,7 @@ that launched them (the harness synchronizes there anyway: a comparison reads it
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -81,9 +82,29 @@ class PhaseClock:
                 for s, acc in sorted(self.steps.items())}
 
 
+_GC = {"s": 0.0, "started": None}
+
+
+def _gc_timer(phase: str, info: dict) -> None:
+    if phase == "start":
+        _GC["started"] = time.perf_counter()
+    elif _GC["started"] is not None:
+        _GC["s"] += time.perf_counter() - _GC["started"]
+        _GC["started"] = None
+
+
+def time_garbage_collection() -> None:
+    """From now on, add up the time this process spends in the garbage collector (``gc_s`` of
+    :func:`rank_cpu`; a forked rank starts from zero, not from its parent's count)."""
+    _GC.update(s=0.0, started=None)
+    if _gc_timer not in gc.callbacks:
+        gc.callbacks.append(_gc_timer)
+
+
 def rank_cpu() -> dict | None:
-    """This process's CPU time, context switches and page faults (minor: no disk read) so far (None
-    where ``resource`` is missing).
+    """This process's CPU time, context switches, page faults (minor: no disk read) and seconds in
+    the garbage collector (since :func:`time_garbage_collection`) so far (None where ``resource``
+    is missing).
 
     With more ranks than CPUs the wall time of a phase includes the time a rank waited for a CPU;
     the CPU time says how much work the rank itself did."""
@@ -94,7 +115,7 @@ def rank_cpu() -> dict | None:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"user_s": ru.ru_utime, "system_s": ru.ru_stime,
             "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw,
-            "page_faults": ru.ru_minflt}
+            "page_faults": ru.ru_minflt, "gc_s": round(_GC["s"], 4)}
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -293,7 +314,8 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
     if cpu:
         lines += ["", (f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
                        f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
-                       f"involuntary context switches, {cpu.get('page_faults', 0):.0f} page faults; "
+                       f"involuntary context switches, {cpu.get('page_faults', 0):.0f} page faults, "
+                       f"{cpu.get('gc_s', 0)} s in the garbage collector; "
                        f"{timing['ranks_averaged']} ranks, {cpu['host_cpus']} CPUs on "
                        f"this host")]
     return lines + [""]

@@ -47,14 +47,26 @@ def test_merge_averages_ranks_per_step_and_reports_the_rest():
 
 
 def test_merge_reports_rank_cpu_time():
-    cpu = {"user_s": 2.0, "system_s": 0.5, "voluntary_switches": 10, "involuntary_switches": 4, "page_faults": 7}
+    cpu = {"user_s": 2.0, "system_s": 0.5, "voluntary_switches": 10, "involuntary_switches": 4, "page_faults": 7,
+           "gc_s": 0.25}
     r0 = {"timing": {0: {"test": {"forward": 1.0}}}, "cpu": cpu}
     r1 = {"timing": {0: {"test": {"forward": 1.0}}}, "cpu": {k: 3 * v for k, v in cpu.items()}}
     t = merge_timing([r0, r1], start_s=None)
     assert t["cpu"]["user_s"] == 4.0 and t["cpu"]["system_s"] == 1.0 and t["ranks_averaged"] == 2
     md = "\n".join(timing_md("s", t, 3.0))
     assert "CPU time per rank (mean): user 4.0 s, system 1.0 s" in md and "; 2 ranks, " in md
-    assert ", 14 page faults; " in md
+    assert ", 14 page faults, 0.5 s in the garbage collector; " in md
+
+
+def test_rank_cpu_counts_the_garbage_collectors_time():
+    import gc
+
+    timing.time_garbage_collection()
+    junk = [[i] for i in range(200_000)]  # objects the collection has to walk
+    before = timing.rank_cpu()["gc_s"]  # (a young collection may have run meanwhile)
+    gc.collect()
+    assert timing.rank_cpu()["gc_s"] > before
+    del junk
 
 
 def test_rank_cpu_counts_this_process_work(tmp_path):
