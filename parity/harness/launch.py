@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import faulthandler
 import gc
 import importlib
 import json
@@ -731,6 +732,9 @@ def _rank_main(
     if cfg.freeze_start_objects:
         gc.freeze()
     _adopt_std_streams(*std_fds)
+    # A rank killed by a fatal signal (SIGSEGV in native code) prints its threads' Python stacks
+    # to its stderr first, so the failure says where it happened.
+    faulthandler.enable()
     if cfg.prefix_output:
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
         sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")

@@ -80,6 +80,14 @@ def _page_faults_of_reused_memory(ctx):
     return {"faults": min(rounds), "rounds": rounds, "frozen": gc.get_freeze_count()}
 
 
+def _rank1_segfaults(ctx):
+    if ctx.rank == 1:
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    dist.barrier()
+
+
 def _rank1_raises(ctx):
     if ctx.rank == 1:
         raise ValueError("boom from rank one")
@@ -196,6 +204,14 @@ def test_cpu_ranks_reuse_freed_memory_and_freeze_their_start_up_objects(on):
 # ---------------------------------------------------------------------------------------------
 # Failures
 # ---------------------------------------------------------------------------------------------
+
+
+def test_a_rank_killed_by_sigsegv_prints_where(capfd):
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120, grace_s=2)
+    failure, _ = _launch_expecting_failure(_rank1_segfaults, cfg)
+    assert failure.rank == 1 and "SIGSEGV" in str(failure), str(failure)
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Segmentation fault" in err and "_rank1_segfaults" in err, err[-2000:]
 
 
 @pytest.mark.parametrize("start_method,world_size", [("spawn", 2), ("forkserver", 3)])
