@@ -194,7 +194,9 @@ def test_cpu_ranks_reuse_freed_memory_and_freeze_their_start_up_objects(on):
     rank starts with are frozen: the garbage collector does not walk them."""
     cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120,
                        retain_freed_memory=on, freeze_start_objects=on)
-    for r in launch(_page_faults_of_reused_memory, cfg):
+    results = launch(_page_faults_of_reused_memory, cfg)
+    assert len(results) == 2
+    for r in results:
         if on:
             assert r["faults"] < 100 and r["frozen"] > 50_000, r
         else:  # what the checks above would see without the settings
