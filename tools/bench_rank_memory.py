@@ -14,7 +14,7 @@ import dataclasses
 import statistics
 import time
 
-from parity.harness.driver import _progress_rank_main, launch_config
+from parity.harness.driver import rank_main_with_heartbeat, launch_config
 from parity.harness.launch import launch
 from parity.harness.runner import RunOptions
 from parity.harness.scenario import load_all
@@ -25,7 +25,7 @@ def _once(scenario, on: bool) -> dict:
                               retain_freed_memory=on, freeze_start_objects=on)
     opts = RunOptions(progress=False, snapshot="none", golden_digests=False)
     t0 = time.perf_counter()
-    results = launch(_progress_rank_main, cfg, scenario, opts)
+    results = launch(rank_main_with_heartbeat, cfg, scenario, opts)
     wall = time.perf_counter() - t0
     cpu = [r["cpu"] for r in results]
     mean = {k: statistics.fmean(c[k] for c in cpu) for k in ("user_s", "system_s", "page_faults", "gc_s")}

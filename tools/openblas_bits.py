@@ -28,7 +28,7 @@ for m,k,n in shapes:
             per.append(f"{m}x{k}x{n}-{kind}-{'T' if trans else 'N'} {d}")
             h.update(c.tobytes())
 info = [{k: i.get(k) for k in ("internal_api","version","architecture","num_threads")} for i in threadpool_info()]
-print("cpu:", cpuinfo_field("model name"))
+print("cpu:", cpuinfo_field("model name") or "unknown (no model name in /proc/cpuinfo)")
 print("numpy", np.__version__, "OPENBLAS_CORETYPE", os.environ.get("OPENBLAS_CORETYPE"), info)
 print("ALL", h.hexdigest())
 if "-v" in sys.argv: print("\n".join(per))

@@ -35,6 +35,7 @@ __all__ = [
     "DeterminismError",
     "apply_cpu_pins",
     "apply_determinism",
+    "blas_pools",
     "cpu_isa",
     "openblas_coretype",
     "validate_determinism_env",
@@ -111,10 +112,16 @@ def apply_cpu_pins(env: MutableMapping[str, str] = os.environ) -> dict[str, str]
     return set_now
 
 
+def blas_pools() -> list[dict]:
+    """threadpoolctl's description of each BLAS loaded in this process (numpy's, and any other):
+    ``internal_api`` (e.g. ``openblas``), ``architecture`` (its kernel set), ``num_threads``."""
+    return [lib for lib in threadpoolctl.threadpool_info() if lib.get("user_api") == "blas"]
+
+
 def openblas_coretype() -> str | None:
     """The kernel set numpy's OpenBLAS runs in this process (e.g. ``Haswell``), or None when numpy's
     BLAS is another library."""
-    for lib in threadpoolctl.threadpool_info():
+    for lib in blas_pools():
         if lib.get("internal_api") == "openblas":
             return lib.get("architecture")
     return None
@@ -285,7 +292,6 @@ def apply_determinism(
             # of uninitialised memory shows up as a NaN instead of as run-to-run noise.
             "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
             "num_threads": torch.get_num_threads(),
-            "blas_threads": [pool["num_threads"] for pool in threadpoolctl.threadpool_info()
-                             if pool["user_api"] == "blas"],
+            "blas_threads": [pool["num_threads"] for pool in blas_pools()],
         }
     return applied

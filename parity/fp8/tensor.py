@@ -72,10 +72,6 @@ class QuantizedTensor:
         return _BLOCK_LEN[self.block]
 
     @property
-    def is_2d_scaled(self) -> bool:
-        return self.block == "128x128"
-
-    @property
     def m(self) -> int:
         """Rows of the 2-D view (product of the leading dims)."""
         return math.prod(self.shape[:-1])

@@ -204,10 +204,6 @@ def _nan_mask(sign: torch.Tensor, mag: torch.Tensor, fmt: _FloatFormat) -> torch
     return mag == (1 << fmt.bits) - 1  # unsigned-max
 
 
-def _inf_mask(mag: torch.Tensor, fmt: _FloatFormat) -> torch.Tensor | None:
-    return None if fmt.inf is None else mag == fmt.inf
-
-
 def _ulp_from_bits(
     va: torch.Tensor, vb: torch.Tensor, fmt: _FloatFormat
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

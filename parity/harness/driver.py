@@ -37,7 +37,7 @@ def _where(frame) -> tuple[bool, str]:
     return in_collective, where
 
 
-def _progress_rank_main(ctx, scenario, opts):
+def rank_main_with_heartbeat(ctx, scenario, opts):
     """rank_main plus a heartbeat (the rank's status in the launcher's store), so a crash or hang
     can be placed at a rank and step.
 
@@ -117,7 +117,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
     check_fits(scenario)
     t0, launched_at = time.perf_counter(), time.time()
     try:
-        results = launch(_progress_rank_main, launch_config(scenario, timeout_s, allow_nondeterministic),
+        results = launch(rank_main_with_heartbeat, launch_config(scenario, timeout_s, allow_nondeterministic),
                          scenario, opts)
     except RankFailure as e:
         failure = _place_failure(e, e.statuses)

@@ -28,10 +28,9 @@ import platform as _stdlib_platform
 import re
 import sys
 
-import threadpoolctl
 import torch
 
-from parity.distributed.determinism import CPU_PINS, cpu_isa
+from parity.distributed.determinism import CPU_PINS, blas_pools, cpu_isa
 from parity.distributed.pins import OPENBLAS_CORETYPE, cpuinfo_field
 from parity.harness.errors import UsageError
 
@@ -58,7 +57,7 @@ def _numpy_blas() -> str:
     with the kernel set the ranks' environment asks for (a rank whose OpenBLAS runs other kernels
     than the pin is refused: parity.distributed.determinism.apply_cpu_pins), ``openblas-auto``
     where nothing is pinned (OpenBLAS picks by CPU), else the library's name."""
-    apis = [lib.get("internal_api") for lib in threadpoolctl.threadpool_info() if lib.get("user_api") == "blas"]
+    apis = [lib.get("internal_api") for lib in blas_pools()]
     if "openblas" not in apis:  # numpy built on another BLAS (torch's MKL is linked statically)
         return apis[0] if apis else "none"
     coretype = os.environ.get("OPENBLAS_CORETYPE", CPU_PINS.get("OPENBLAS_CORETYPE", "auto"))

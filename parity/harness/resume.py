@@ -40,7 +40,6 @@ from parity.harness.snapshot import tensor_sha256
 from parity.optim import checkpoint as ckpt
 from parity.vocab import Side
 
-SIDES = (Side.TEST, Side.REF)
 RESHARD_NOTE = ("bits after a reshard are not compared with the uninterrupted run: the reduction "
                 "order changes with the DP size")
 # Checkpoint entries that may differ between a checkpoint and its resharded reload.

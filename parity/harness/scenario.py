@@ -163,7 +163,6 @@ class Scenario:
         return d
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "overlap": bool,
          "layout": str, "pair": str, "fp8_param_gather": bool, "steps": int, "microbatches": int,
          "lr": float, "seed": int, "bucket_size": (int, type(None)), "device": str, "model": dict,

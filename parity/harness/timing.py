@@ -314,8 +314,8 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
     if cpu:
         lines += ["", (f"CPU time per rank (mean): user {cpu['user_s']} s, system {cpu['system_s']} s, "
                        f"{cpu['voluntary_switches']:.0f} voluntary and {cpu['involuntary_switches']:.0f} "
-                       f"involuntary context switches, {cpu.get('page_faults', 0):.0f} page faults, "
-                       f"{cpu.get('gc_s', 0)} s in the garbage collector; "
+                       f"involuntary context switches, {cpu['page_faults']:.0f} page faults, "
+                       f"{cpu['gc_s']} s in the garbage collector; "
                        f"{timing['ranks_averaged']} ranks, {cpu['host_cpus']} CPUs on "
                        f"this host")]
     return lines + [""]

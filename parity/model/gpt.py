@@ -94,9 +94,9 @@ class GPT(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, H)
         self.embed.weight = nn.Parameter(
             init_value(seed, "embed.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
-        # A native-fp32 2-D parameter (keep_in_fp32), like DeepSeek-V4's CSA `ape`.
+        # A native-fp32 2-D parameter (kept in fp32, like DeepSeek-V4's CSA `ape`): its dtype is
+        # what the optimizer reads (parity.optim.mixed_precision.is_native_fp32).
         self.ape = nn.Parameter(init_value(seed, "ape", (cfg.seq_len, H), std).to(device))
-        self.ape.keep_in_fp32 = True
         layers = []
         for i in range(cfg.num_layers):
             p = f"layers.{i}"

@@ -91,6 +91,7 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float, alp
     On the CPU the two scalings and the sum are separate fp32 operations; cuBLAS fuses them into
     its GEMM's epilogue."""
     if c.device.type == "cpu":
-        return (c.float() * beta + _cpu_sgemm(a.float(), b.float()) * alpha).to(c.dtype)
+        ab = _cpu_sgemm(a.float(), b.float()) * alpha
+        return (ab if beta == 0 else c.float() * beta + ab).to(c.dtype)  # beta = 0 ignores c, as torch does
     with _highest():
         return torch.addmm(c.float(), a.float(), b.float(), beta=beta, alpha=alpha).to(c.dtype)

@@ -290,3 +290,14 @@ def test_muon_skips_params_without_grad_and_is_deterministic():
     assert torch.equal(b1, _randn(12, 8, seed=16)) and b1 not in opt.state
     a2, _, _ = run()
     _assert_same_bits(a1, a2)
+
+
+def test_addmm_with_beta_zero_ignores_c_as_torch_does():
+    from parity.model import matmul
+
+    a, b = _randn(8, 16, seed=1), _randn(16, 8, seed=2)
+    c = torch.full((8, 8), float("nan"))
+    got = matmul.addmm(c, a, b, beta=0.0, alpha=-1.5)
+    assert not torch.isnan(got).any()
+    _assert_same_bits(got, matmul.mm(a, b) * -1.5)
+    assert torch.isnan(matmul.addmm(c, a, b, beta=0.5, alpha=-1.5)).all()  # any other beta reads c

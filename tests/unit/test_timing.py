@@ -62,11 +62,14 @@ def test_rank_cpu_counts_the_garbage_collectors_time():
     import gc
 
     timing.time_garbage_collection()
-    junk = [[i] for i in range(200_000)]  # objects the collection has to walk
-    before = timing.rank_cpu()["gc_s"]  # (a young collection may have run meanwhile)
-    gc.collect()
-    assert timing.rank_cpu()["gc_s"] > before
-    del junk
+    try:
+        junk = [[i] for i in range(200_000)]  # objects the collection has to walk
+        before = timing.rank_cpu()["gc_s"]  # (a young collection may have run meanwhile)
+        gc.collect()
+        assert timing.rank_cpu()["gc_s"] > before
+        del junk
+    finally:  # the timer is global state: a rank keeps it for life, this test process does not
+        gc.callbacks.remove(timing._gc_timer)
 
 
 def test_rank_cpu_counts_this_process_work(tmp_path):
