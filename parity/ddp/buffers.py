@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from parity.ddp import param_sync
 from parity.ddp.layout import BufferKey, Layout
+from parity.distributed.determinism import empty
 from parity.distributed.collectives import (
     WorkList,
     all_gather_into,
@@ -168,7 +169,7 @@ class BucketGroup:
                 continue
             if self.use_distributed_optimizer:
                 shard = b.numel // self.dp
-                out = torch.empty(shard, dtype=b.grad_data.dtype, device=b.grad_data.device)
+                out = empty(shard, dtype=b.grad_data.dtype, device=b.grad_data.device)
                 h = reduce_scatter_sum(out, b.grad_data, self.group, async_op=async_op)
                 outs.append((b, out))
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from parity.distributed.collectives import all_gather_uneven_into
+from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
 from parity.vocab import Fault
 
@@ -77,7 +78,7 @@ def gather_lists(lists: list[list], group, my_rank: int, out_flat: torch.Tensor 
     if sum(sizes) == 0:
         return None, sizes, None
     if out_flat is None:
-        out_flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+        out_flat = empty(sum(sizes), dtype=dtype, device=device)
     if out_flat.numel() < sum(sizes):
         raise AssertionError(f"gather receive buffer holds {out_flat.numel()} elements, needs {sum(sizes)}")
     start = sum(sizes[:my_rank])

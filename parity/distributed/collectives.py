@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parity.distributed.determinism import empty
+
 __all__ = [
     "CompletedWork",
     "WorkList",
@@ -347,7 +349,7 @@ def _exchange_and_sum(out, send_rows, start: int, numel: int, group, async_op: b
     """Send row j of ``send_rows`` [world, L] to group rank j, receive every rank's row for this
     rank, and write their ring-order sums (elements ``start..`` of ``numel``) into ``out``."""
     world, length = send_rows.shape
-    recv = torch.empty((world, length), dtype=send_rows.dtype, device=send_rows.device)
+    recv = empty((world, length), dtype=send_rows.dtype, device=send_rows.device)
     send = send_rows.contiguous()
     work = dist.all_to_all_single(recv, send, group=_group(group), async_op=async_op)
     handle = _SumOnWait(work if async_op else CompletedWork(), lambda: _ring_sum_into(out, recv, start, numel))

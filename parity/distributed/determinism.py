@@ -5,6 +5,7 @@ Entry points:
 - :data:`DETERMINISM_ENV`: the environment variables every rank runs with unless told otherwise.
 - :func:`validate_determinism_env`: the list of violations in an environment mapping.
 - :func:`apply_determinism`: validate, fill in the defaults, and put torch in deterministic mode.
+- :func:`empty`: the stack's uninitialized allocations, filled so that a read of them shows.
 
 The environment must be applied *before* any communicator or CUDA context exists: NCCL reads
 ``NCCL_*`` when a communicator is created and cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when its
@@ -36,6 +37,7 @@ __all__ = [
     "apply_cpu_pins",
     "apply_determinism",
     "blas_pools",
+    "empty",
     "cpu_isa",
     "openblas_coretype",
     "validate_determinism_env",
@@ -201,6 +203,25 @@ def validate_determinism_env(env: Mapping[str, str]) -> list[str]:
     return violations
 
 
+def empty(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
+    """A new tensor for the caller to overwrite, filled as torch's deterministic mode fills
+    ``torch.empty``: NaN for floating dtypes, the largest value for integer ones. An element the
+    caller forgets to write then reads as NaN (caught by the finite check) or as an absurd count,
+    the same in every run, instead of as whatever the allocator's reused memory held.
+
+    torch's own fill is switched off in the ranks (:func:`apply_determinism`): it also fills the
+    scratch output of every non-structured op, memory that op always overwrites (a dtype cast or
+    a clone writes it twice), which cost about a tenth of a CPU rank's time (docs/measurements.md,
+    fourteenth session). The stack's own buffers, whose every element is written by a collective
+    or a checkpoint load, are allocated here instead."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if dtype.is_floating_point or dtype.is_complex:
+        return t.fill_(float("nan"))
+    if dtype == torch.bool:
+        return t.fill_(True)
+    return t.fill_(torch.iinfo(dtype).max)
+
+
 def _deterministic_algorithms(mode: bool) -> None:
     """torch.use_deterministic_algorithms(mode, warn_only=False), less its one other effect: it also
     sets torch._inductor.config.deterministic, and importing inductor's config imports
@@ -275,6 +296,7 @@ def apply_determinism(
         # backward, fp8 casts, ...) all have deterministic CPU kernels in torch 2.13, checked
         # one by one; a nondeterministic op should fail loudly here, not drift quietly.
         _deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # the stack fills its own: empty()
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing
         if num_threads is not None:
@@ -288,8 +310,7 @@ def apply_determinism(
             "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
             "cudnn.deterministic": torch.backends.cudnn.deterministic,
             "cudnn.benchmark": torch.backends.cudnn.benchmark,
-            # With deterministic algorithms on, torch.empty fills new memory with NaN, so a read
-            # of uninitialised memory shows up as a NaN instead of as run-to-run noise.
+            # torch's fill of every new tensor (off: the stack's buffers come from empty(), filled)
             "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
             "num_threads": torch.get_num_threads(),
             "blas_threads": [pool["num_threads"] for pool in blas_pools()],

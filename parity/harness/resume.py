@@ -34,6 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from parity.distributed.determinism import empty
 from parity.harness import report as rep
 from parity.harness.errors import ParityError
 from parity.harness.snapshot import tensor_sha256
@@ -91,7 +92,8 @@ def load_pair(path: str, scenario, stacks: dict, device, reshard: bool) -> tuple
     if same_layout:  # a rank of a resharded run is not the process that saved under its number
         for k, key in rng_keys.items():
             if key in saved:
-                rng[k] = targets[key] = torch.empty(tuple(saved[key].size), dtype=saved[key].properties.dtype)
+                rng[k] = targets[key] = empty(tuple(saved[key].size), dtype=saved[key].properties.dtype,
+                                              device="cpu")
     seconds = ckpt.load(path, targets)
     info = {"step": manifest["step"], "saved_world": manifest["world"], "load_s": seconds, "owners_moved": {}}
     for side, finish in finishers.items():

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parity.distributed.collectives import all_to_all_single
+from parity.distributed.determinism import empty
 from parity.model import matmul
 
 
@@ -26,7 +27,7 @@ class _AllToAll(torch.autograd.Function):
 def _exchange(x, send_counts, recv_counts, group):
     if group is None:
         return x.clone()
-    out = x.new_empty(sum(recv_counts), *x.shape[1:])
+    out = empty((sum(recv_counts), *x.shape[1:]), dtype=x.dtype, device=x.device)
     all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group)
     return out
 
@@ -35,7 +36,7 @@ def _exchange_counts(counts: list[int], group, device) -> list[int]:
     if group is None:
         return list(counts)
     send = torch.tensor(counts, dtype=torch.int64, device=device)
-    recv = torch.empty_like(send)
+    recv = empty(send.shape, dtype=send.dtype, device=device)
     all_to_all_single(recv, send, group=group)
     return recv.tolist()
 

@@ -54,6 +54,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
 from parity.vocab import Fault
 
@@ -477,7 +478,7 @@ def read_full(path: str, keys=None) -> dict:
     """Every tensor of the checkpoint (or ``keys``), whole, in this process (no process group):
     the gathered view used to check a resharded load."""
     entries = saved_entries(path)
-    out = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in entries.items()
+    out = {k: empty(tuple(md.size), dtype=md.properties.dtype, device="cpu") for k, md in entries.items()
            if isinstance(md, TensorStorageMetadata) and (keys is None or k in keys)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no process group: loading in a single process" is the intent

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
 from parity.optim.adam import Adam
 from parity.vocab import Fault
@@ -93,7 +94,7 @@ class DistributedOptimizer:
                 send[pc.lo - s0:pc.hi - s0].copy_(pc.master)
         full = send
         if buf.dp > 1:
-            full = torch.empty(b.numel, dtype=torch.bfloat16, device=send.device)
+            full = empty(b.numel, dtype=torch.bfloat16, device=send.device)
             dist.all_gather_into_tensor(full, send, group=buf.group)
         if Fault.DISTOPT_FP8_NOT_REQUANTIZED in self.faults:
             return  # the gathered values never reach the FP8 bytes

@@ -9,6 +9,7 @@ from parity.distributed.determinism import (
     DETERMINISM_ENV,
     DeterminismError,
     apply_determinism,
+    empty,
     validate_determinism_env,
 )
 
@@ -22,9 +23,11 @@ def restore_torch_switches():
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         torch.get_num_threads(),
+        torch.utils.deterministic.fill_uninitialized_memory,
     )
     yield
-    mode, warn_only, cudnn_det, cudnn_bench, threads = saved
+    mode, warn_only, cudnn_det, cudnn_bench, threads, fill = saved
+    torch.utils.deterministic.fill_uninitialized_memory = fill
     torch.use_deterministic_algorithms(mode, warn_only=warn_only)
     torch.backends.cudnn.deterministic = cudnn_det
     torch.backends.cudnn.benchmark = cudnn_bench
@@ -130,6 +133,26 @@ def test_torch_switches(restore_torch_switches):
     assert torch.get_num_threads() == 1
     assert applied["torch"]["use_deterministic_algorithms"] is True
     assert applied["torch"]["num_threads"] == 1
+    # torch's own fill of every new tensor is off (the stack's buffers come from empty()) ...
+    assert applied["torch"]["fill_uninitialized_memory"] is False
+    assert torch.utils.deterministic.fill_uninitialized_memory is False
+
+
+@pytest.mark.parametrize("dtype, want", [
+    (torch.float32, "nan"), (torch.bfloat16, "nan"), (torch.float64, "nan"),
+    (torch.uint8, 255), (torch.int32, 2**31 - 1), (torch.int64, 2**63 - 1), (torch.bool, True)])
+def test_empty_fills_what_nobody_wrote_so_that_a_read_of_it_shows(restore_torch_switches, dtype, want):
+    # ... and empty() fills as torch's deterministic mode would, whatever memory it is handed:
+    # the allocator's reused blocks are dirtied first, so a fill that did nothing would show.
+    apply_determinism({}, num_threads=1)
+    for _ in range(4):
+        torch.full((257, 3), 7, dtype=dtype)
+    t = empty((257, 3), dtype=dtype, device="cpu")
+    assert t.shape == (257, 3) and t.dtype == dtype
+    if want == "nan":
+        assert torch.isnan(t).all()
+    else:
+        assert (t == want).all()
 
 
 def test_num_threads_none_leaves_thread_count(restore_torch_switches):
