@@ -3,7 +3,7 @@ alternated in one process: a single-rank lockstep pair (world 1, gloo) run N tim
 setting, in the order on, off, off, on, ... so that the machine's drift falls on both alike.
 Prints each run's process CPU time and the mean ratio. Asserts nothing.
 
-    python docs/measurements/2026-12-04-fourteenth-session/adhoc_fill_ab.py [--recipe mxfp8] [--moe] [--steps 4] [--pairs 6]
+    python docs/measurements/2026-12-04-fourteenth-session/adhoc_fill_ab.py [--recipe mxfp8] [--moe] [--steps 4] [--pairs 6] [--rank-heap]
 """
 
 import argparse
@@ -30,7 +30,13 @@ def main():
     ap.add_argument("--moe", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--rank-heap", action="store_true",
+                    help="the ranks' heap settings (launch._retain_freed_memory) in this process too")
     args = ap.parse_args()
+    if args.rank_heap:
+        from parity.harness.launch import _retain_freed_memory
+
+        _retain_freed_memory()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -55,7 +61,8 @@ def main():
             cpu[fill].append(once(fill))
             print(f"pair {i + 1}, fill {'on ' if fill else 'off'}: {cpu[fill][-1]:.3f} s CPU", flush=True)
     on, off = statistics.fmean(cpu[True]), statistics.fmean(cpu[False])
-    print(f"{args.recipe} {'moe' if args.moe else 'dense'} world 1, {args.steps} steps: fill on {on:.3f} s, "
+    print(f"{args.recipe} {'moe' if args.moe else 'dense'} world 1, {args.steps} steps"
+          f"{', rank heap settings' if args.rank_heap else ''}: fill on {on:.3f} s, "
           f"off {off:.3f} s CPU (mean of {args.pairs}); off / on = {off / on:.3f}")
 
 
