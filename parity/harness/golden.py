@@ -366,6 +366,32 @@ def list_goldens(root: str | os.PathLike[str]) -> list[GoldenRef]:
     return out
 
 
+def _exact(path: Path, platform: Mapping[str, str]) -> Record:
+    rec = load(path)
+    diff = fingerprint_diff(rec.platform, dict(platform))
+    if diff:
+        what = ", ".join(f"{k}: golden {a!r} vs here {b!r}" for k, (a, b) in diff.items())
+        raise GoldenError(f"golden {rec.path} was recorded on another platform ({what}); record one here")
+    return rec
+
+
+def _same_configuration(root, pid: str, fp: str, *, prefer: str) -> GoldenRef | None:
+    """This platform's golden of configuration ``fp``: scenario ``prefer``'s if it has it, else the
+    first other scenario's by name. An overridden scenario (``parity run --recipe blockwise --ep 8``)
+    often runs exactly what a shipped scenario runs; the golden identity leaves out the name and
+    the step count, so that scenario's golden is this run's. Only manifests are read; one that
+    cannot be read is passed over here (its own scenario's run reports it)."""
+    refs = [r for r in list_goldens(root) if r.platform_id == pid]
+    for ref in sorted(refs, key=lambda r: (r.scenario != prefer, r.scenario)):
+        try:
+            m = json.loads((ref.path / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(m, dict) and m.get("fingerprint") == fp:
+            return ref
+    return None
+
+
 def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
          allow_other_platform: bool = False) -> tuple[Record, str]:
     """The golden for ``scenario`` on ``platform`` and the tier to check it in.
@@ -374,19 +400,21 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
     ``allow_other_platform`` and only when this platform has none.
 
     Raises:
-        GoldenMissing: none for this platform (or for this configuration of an overridden scenario).
+        GoldenMissing: none for this platform (or for this configuration of an overridden scenario,
+            under any scenario's name).
         GoldenStale: the scenario's config changed since its golden was recorded.
         GoldenFormatError / GoldenError: written in another format, or damaged.
     """
     name, pid = base_name(scenario.name), platform_id(dict(platform))
+    config = scenario_config(scenario)
+    if scenario.name != name:  # overridden on the command line
+        same = _same_configuration(root, pid, fingerprint(config), prefer=name)
+        if same is not None:
+            return _exact(same.path, platform), "exact"
     have = [r for r in list_goldens(root) if r.scenario == name]
     mine = [r for r in have if r.platform_id == pid]
     if mine:
-        rec, tier = load(mine[0].path), "exact"
-        diff = fingerprint_diff(rec.platform, dict(platform))
-        if diff:
-            what = ", ".join(f"{k}: golden {a!r} vs here {b!r}" for k, (a, b) in diff.items())
-            raise GoldenError(f"golden {rec.path} was recorded on another platform ({what}); record one here")
+        rec, tier = _exact(mine[0].path, platform), "exact"
     elif allow_other_platform and have:
         kind = platform.get("device_kind", "")
         ref = min(have, key=lambda r: (not r.platform_id.startswith(kind), r.platform_id))
@@ -397,7 +425,6 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
                 if others else "")
         raise GoldenMissing(f"no golden for {pid}: scenario {name!r} has none under {root}{hint}; record one with "
                             f"`parity golden regen {name}`", platform_id=pid, others=others)
-    config = scenario_config(scenario)
     if fingerprint(config) != rec.fingerprint:
         keys = sorted(k for k in set(config) | set(rec.config) if config.get(k) != rec.config.get(k))
         changed = ", ".join(f"{k}: golden {rec.config.get(k)!r} vs {config.get(k)!r}" for k in keys)

@@ -233,6 +233,17 @@ def test_find(tmp_path):
     # another configuration of an overridden scenario has no golden
     with pytest.raises(GoldenMissing, match="this configuration of 'tiny'.*lr: golden None vs 0.01"):
         golden.find(tmp_path, make_scenario({"name": "tiny[lr=0.01]", "world": 2, "steps": 4, "lr": 0.01}), FP)
+    # ... unless another scenario ran that configuration: an override whose run is another
+    # scenario's (`parity run --recipe blockwise --ep 8` runs blockwise-moe-w8-ep8-overlap-off's
+    # configuration) is checked against that scenario's golden, its own scenario's first
+    write(tmp_path, make_scenario({"name": "tiny-lr", "world": 2, "steps": 4, "lr": 0.01}))
+    g, tier = golden.find(tmp_path, make_scenario({"name": "tiny[lr=0.01]", "world": 2, "steps": 6, "lr": 0.01}), FP)
+    assert (g.scenario, tier) == ("tiny-lr", "exact")
+    assert golden.find(tmp_path, make_scenario({"name": "tiny[steps=3]", "world": 2, "steps": 3}), FP)[0].scenario \
+        == "tiny"
+    # a scenario under its own name never borrows another's golden: it needs its own
+    with pytest.raises(GoldenMissing, match="scenario 'tiny-copy' has none"):
+        golden.find(tmp_path, make_scenario({"name": "tiny-copy", "world": 2, "steps": 4}), FP)
     # the scenario file changed: stale
     with pytest.raises(GoldenStale, match="stale.*seed"):
         golden.find(tmp_path, make_scenario({"name": "tiny", "world": 2, "steps": 4, "seed": 7}), FP)
@@ -425,6 +436,20 @@ def test_run_checks_the_shipped_golden_by_default_and_a_changed_eps_fails(tmp_pa
         "step": 0, "phase": "forward", "tensor": "loss", "rank": 0, "reason": "digest"}
     summary = (tmp_path / "eps" / "summary.md").read_text()
     assert "| fail: differs from default/" in summary and "step 0 / forward / loss / rank 0" in summary
+
+
+@pytest.mark.slow
+def test_the_ep8_command_is_checked_against_the_ep8_scenarios_golden(tmp_path):
+    """`parity run --recipe blockwise --ep 8` overrides the default scenario into the configuration
+    blockwise-moe-w8-ep8-overlap-off runs; that scenario's golden is the command's."""
+    here = platform_id(platform_fingerprint("cpu"))
+    if not (REPO / "goldens" / "blockwise-moe-w8-ep8-overlap-off" / here).is_dir():
+        pytest.skip(f"no golden of blockwise-moe-w8-ep8-overlap-off for {here}")
+    r = parity("run", "--recipe", "blockwise", "--ep", "8", "--steps", "2", "--quiet", "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"golden: bit-identical to blockwise-moe-w8-ep8-overlap-off/{here} over 2 steps" in r.stdout, r.stdout
+    (e,) = json.loads((tmp_path / "o" / "report.json").read_text())["scenarios"]
+    assert e["golden"] == "pass" and e["golden_detail"]["steps"] == 2
 
 
 @pytest.mark.slow
