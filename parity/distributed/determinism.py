@@ -211,7 +211,7 @@ def empty(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
 
     torch's own fill is switched off in the ranks (:func:`apply_determinism`): it also fills the
     scratch output of every non-structured op, memory that op always overwrites (a dtype cast or
-    a clone writes it twice), which cost about a tenth of a CPU rank's time (docs/measurements.md,
+    a clone writes it twice), up to a tenth of a CPU rank's time (the EP-8 run; docs/measurements.md,
     fourteenth session). The stack's own buffers, whose every element is written by a collective
     or a checkpoint load, are allocated here instead."""
     t = torch.empty(shape, dtype=dtype, device=device)
