@@ -377,19 +377,23 @@ def _exact(path: Path, platform: Mapping[str, str]) -> Record:
 
 def _same_configuration(root, pid: str, fp: str, *, prefer: str) -> GoldenRef | None:
     """This platform's golden of configuration ``fp``: scenario ``prefer``'s if it has it, else the
-    first other scenario's by name. An overridden scenario (``parity run --recipe blockwise --ep 8``)
-    often runs exactly what a shipped scenario runs; the golden identity leaves out the name and
-    the step count, so that scenario's golden is this run's. Only manifests are read; one that
-    cannot be read is passed over here (its own scenario's run reports it)."""
-    refs = [r for r in list_goldens(root) if r.platform_id == pid]
-    for ref in sorted(refs, key=lambda r: (r.scenario != prefer, r.scenario)):
+    other scenario's with the most steps (then the first by name). An overridden scenario
+    (``parity run --recipe blockwise --ep 8``) often runs exactly what a shipped scenario runs; the
+    golden identity leaves out the name and the step count, so that scenario's golden is this
+    run's. Only manifests are read; one that cannot be read is passed over here (its own
+    scenario's run reports it)."""
+    found = []
+    for ref in list_goldens(root):
+        if ref.platform_id != pid:
+            continue
         try:
             m = json.loads((ref.path / MANIFEST_NAME).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
         if isinstance(m, dict) and m.get("fingerprint") == fp:
-            return ref
-    return None
+            steps = m.get("steps") if isinstance(m.get("steps"), int) else 0
+            found.append((ref.scenario != prefer, -steps, ref.scenario, ref))
+    return min(found, key=lambda f: f[:3])[3] if found else None
 
 
 def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,

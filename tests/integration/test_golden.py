@@ -239,6 +239,9 @@ def test_find(tmp_path):
     write(tmp_path, make_scenario({"name": "tiny-lr", "world": 2, "steps": 4, "lr": 0.01}))
     g, tier = golden.find(tmp_path, make_scenario({"name": "tiny[lr=0.01]", "world": 2, "steps": 6, "lr": 0.01}), FP)
     assert (g.scenario, tier) == ("tiny-lr", "exact")
+    write(tmp_path, make_scenario({"name": "tiny-lr-long", "world": 2, "steps": 5, "lr": 0.01}))
+    g, _ = golden.find(tmp_path, make_scenario({"name": "tiny[lr=0.01]", "world": 2, "steps": 6, "lr": 0.01}), FP)
+    assert (g.scenario, g.steps) == ("tiny-lr-long", 5)  # of two, the golden that covers more steps
     assert golden.find(tmp_path, make_scenario({"name": "tiny[steps=3]", "world": 2, "steps": 3}), FP)[0].scenario \
         == "tiny"
     # a scenario under its own name never borrows another's golden: it needs its own
