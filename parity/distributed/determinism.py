@@ -37,8 +37,8 @@ __all__ = [
     "apply_cpu_pins",
     "apply_determinism",
     "blas_pools",
-    "empty",
     "cpu_isa",
+    "empty",
     "openblas_coretype",
     "validate_determinism_env",
 ]

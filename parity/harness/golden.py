@@ -380,19 +380,18 @@ def _same_configuration(root, pid: str, fp: str, *, prefer: str) -> GoldenRef | 
     other scenario's with the most steps (then the first by name). An overridden scenario
     (``parity run --recipe blockwise --ep 8``) often runs exactly what a shipped scenario runs; the
     golden identity leaves out the name and the step count, so that scenario's golden is this
-    run's. Only manifests are read; one that cannot be read is passed over here (its own
-    scenario's run reports it)."""
+    run's. Tensor files are not hashed here (the one chosen is, when it is loaded); a golden that
+    cannot be read is passed over (its own scenario's run reports it)."""
     found = []
     for ref in list_goldens(root):
         if ref.platform_id != pid:
             continue
         try:
-            m = json.loads((ref.path / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            rec = load(ref.path, verify_files=False)
+        except GoldenError:
             continue
-        if isinstance(m, dict) and m.get("fingerprint") == fp:
-            steps = m.get("steps") if isinstance(m.get("steps"), int) else 0
-            found.append((ref.scenario != prefer, -steps, ref.scenario, ref))
+        if rec.fingerprint == fp:
+            found.append((ref.scenario != prefer, -rec.steps, ref.scenario, ref))
     return min(found, key=lambda f: f[:3])[3] if found else None
 
 

@@ -4,7 +4,7 @@
 |---|---|---|---|
 | embed.weight, head.weight | embedding / output | Adam (DistOpt) | bf16 (head: FP8 with fp8_head) |
 | *.norm*.weight | 1-D | Adam (DistOpt) | bf16 |
-| ape | 2-D, keep_in_fp32 | Muon (native fp32 gather) | fp32 |
+| ape | 2-D, kept in fp32 | Muon (native fp32 gather) | fp32 |
 | attn.qkv / attn.proj / mlp.fc1 / mlp.fc2 | 2-D | Muon | FP8 |
 | mlp.router.weight | 2-D | Muon | bf16 (never quantized) |
 | mlp.experts.E.fc1/fc2 | 2-D, expert-parallel | Muon (expert-DP) | FP8 |

@@ -9,7 +9,7 @@ from parity.vocab import Fault
 
 
 def is_native_fp32(p) -> bool:
-    """fp32 params (keep_in_fp32) are their own master and travel in fp32."""
+    """fp32 params (kept in fp32, like `ape`) are their own master and travel in fp32."""
     return not is_quantized_param(p) and p.dtype == torch.float32
 
 
