@@ -375,24 +375,23 @@ def _exact(path: Path, platform: Mapping[str, str]) -> Record:
     return rec
 
 
-def _same_configuration(root, pid: str, fp: str, *, prefer: str) -> GoldenRef | None:
-    """This platform's golden of configuration ``fp``: scenario ``prefer``'s if it has it, else the
-    other scenario's with the most steps (then the first by name). An overridden scenario
-    (``parity run --recipe blockwise --ep 8``) often runs exactly what a shipped scenario runs; the
-    golden identity leaves out the name and the step count, so that scenario's golden is this
-    run's. Tensor files are not hashed here (the one chosen is, when it is loaded); a golden that
-    cannot be read is passed over (its own scenario's run reports it)."""
+def _same_configuration(root, fp: str, *, prefer: str, kind: str) -> list[GoldenRef]:
+    """The goldens of configuration ``fp``, best first: on the platforms of device kind ``kind``
+    first (then by platform), scenario ``prefer``'s first, then the one with the most steps (then
+    by name). An overridden scenario (``parity run --recipe blockwise --ep 8``) often runs exactly
+    what a shipped scenario runs; the golden identity leaves out the name and the step count, so
+    that scenario's golden is this run's. Tensor files are not hashed here (the one chosen is, when
+    it is loaded); a golden that cannot be read is passed over (its own scenario's run reports it)."""
     found = []
     for ref in list_goldens(root):
-        if ref.platform_id != pid:
-            continue
         try:
             rec = load(ref.path, verify_files=False)
         except GoldenError:
             continue
         if rec.fingerprint == fp:
-            found.append((ref.scenario != prefer, -rec.steps, ref.scenario, ref))
-    return min(found, key=lambda f: f[:3])[3] if found else None
+            found.append(((not ref.platform_id.startswith(kind), ref.platform_id, ref.scenario != prefer,
+                           -rec.steps, ref.scenario), ref))
+    return [ref for _, ref in sorted(found, key=lambda f: f[0])]
 
 
 def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
@@ -400,7 +399,8 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
     """The golden for ``scenario`` on ``platform`` and the tier to check it in.
 
     ``exact`` for this platform's golden; ``approx`` for another platform's, taken only with
-    ``allow_other_platform`` and only when this platform has none.
+    ``allow_other_platform`` and only when this platform has none. An overridden scenario takes a
+    golden of its configuration under any scenario's name, in either tier.
 
     Raises:
         GoldenMissing: none for this platform (or for this configuration of an overridden scenario,
@@ -410,16 +410,24 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
     """
     name, pid = base_name(scenario.name), platform_id(dict(platform))
     config = scenario_config(scenario)
+    kind = platform.get("device_kind", "")
     if scenario.name != name:  # overridden on the command line
-        same = _same_configuration(root, pid, fingerprint(config), prefer=name)
-        if same is not None:
-            return _exact(same.path, platform), "exact"
+        same = _same_configuration(root, fingerprint(config), prefer=name, kind=kind)
+        mine = [r for r in same if r.platform_id == pid]
+        if mine:
+            return _exact(mine[0].path, platform), "exact"
+        if allow_other_platform and same:
+            return load(same[0].path), "approx"
+        if same:
+            others = tuple(sorted({r.platform_id for r in same}))
+            raise GoldenMissing(f"no golden for {pid} of this configuration of {name!r}; goldens of it exist for: "
+                                f"{', '.join(others)} (--allow-other-platform compares with one of them)",
+                                platform_id=pid, others=others)
     have = [r for r in list_goldens(root) if r.scenario == name]
     mine = [r for r in have if r.platform_id == pid]
     if mine:
         rec, tier = _exact(mine[0].path, platform), "exact"
     elif allow_other_platform and have:
-        kind = platform.get("device_kind", "")
         ref = min(have, key=lambda r: (not r.platform_id.startswith(kind), r.platform_id))
         rec, tier = load(ref.path), "approx"
     else:

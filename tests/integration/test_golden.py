@@ -256,6 +256,13 @@ def test_find(tmp_path):
         golden.find(tmp_path, SCEN, other)
     assert e.value.others == (PID,)
     assert golden.find(tmp_path, SCEN, other, allow_other_platform=True)[1] == "approx"
+    # ... and so is a golden of an override's configuration under another scenario's name
+    lr = make_scenario({"name": "tiny[lr=0.01]", "world": 2, "steps": 6, "lr": 0.01})
+    with pytest.raises(GoldenMissing, match=f"this configuration of 'tiny'; goldens of it exist for: {PID}") as e:
+        golden.find(tmp_path, lr, other)
+    assert e.value.others == (PID,)
+    g, tier = golden.find(tmp_path, lr, other, allow_other_platform=True)
+    assert (g.scenario, tier) == ("tiny-lr-long", "approx")
 
 
 def _manifest(path: Path) -> dict:
