@@ -78,10 +78,18 @@ def base_name(name: str) -> str:
 def scenario_config(scenario) -> dict[str, Any]:
     """The scenario's settings that identify its golden: those not at their default, without the
     name, the step count and the stored steps (so a new field at its default changes nothing)."""
-    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in dataclasses.fields(scenario)}
+    defaults = _defaults(scenario)
     d = {**scenario.to_dict(), **scenario.schedule_pin()}  # a schedule's length, set or implied
     return {k: v for k, v in d.items() if k not in _EXCLUDED and v != defaults.get(k)}
+
+
+def _defaults(scenario) -> dict[str, Any]:
+    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in dataclasses.fields(scenario)}
+
+
+def _n_steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def fingerprint(config: Mapping[str, Any]) -> str:
@@ -438,9 +446,11 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
                             f"`parity golden regen {name}`", platform_id=pid, others=others)
     if fingerprint(config) != rec.fingerprint:
         keys = sorted(k for k in set(config) | set(rec.config) if config.get(k) != rec.config.get(k))
-        changed = ", ".join(f"{k}: golden {rec.config.get(k)!r} vs {config.get(k)!r}" for k in keys)
+        default = _defaults(scenario)  # a setting at its default is left out of a config
+        changed = ", ".join(f"{k}: {rec.config.get(k, default.get(k))!r} in the golden, "
+                            f"{config.get(k, default.get(k))!r} here" for k in keys)
         if scenario.name != name:
-            raise GoldenMissing(f"no golden for {pid} of this configuration of {name!r} (its golden has {changed})",
+            raise GoldenMissing(f"no golden for {pid} of this configuration of {name!r} ({changed})",
                                 platform_id=pid)
         raise GoldenStale(f"golden {rec.path} is stale: scenario {name!r} changed since it was recorded ({changed}); "
                           f"regenerate it with `parity golden regen {name}`")
@@ -504,9 +514,9 @@ class Comparison:
         g = f"{self.golden.scenario}/{self.golden.platform_id}"
         if self.tier == "approx":
             verdict = ("loss within" if self.status == "pass" else "loss NOT within") + f" {APPROX_LOSS_RTOL:g} relative"
-            head = f"approximate tier against {g}: {verdict} over {self.steps} steps"
+            head = f"approximate tier against {g}: {verdict} over {_n_steps(self.steps)}"
         elif self.status == "pass":
-            head = f"bit-identical to {g} over {self.steps} steps"
+            head = f"bit-identical to {g} over {_n_steps(self.steps)}"
         else:
             head = f"differs from {g}"
         d = self.first()
@@ -514,7 +524,7 @@ class Comparison:
             n_steps = len({x.step for x in self.differences})
             head += (f"; first difference at {d.where()} ({d.reason}"
                      + (f", {t.n_diff} of {t.numel} elements, max {t.max_ulp} ULP" if (t := self.first_drift()) else "")
-                     + f"); {len(self.differences)} tensor records differ over {n_steps} steps")
+                     + f"); {len(self.differences)} tensor records differ over {_n_steps(n_steps)}")
         return head
 
     def messages(self, limit: int = 20) -> list[str]:

@@ -93,8 +93,6 @@ class RankResult:
     """The test stack's DDP buffers (key, params, numel, padding, buckets)."""
     persistent_bytes: dict
     """Side -> bytes its Muon matrices persist as weights."""
-    ownership: list
-    """(param, owning DP rank) rows of the test stack's LayerWise ownership."""
     steps: list = field(default_factory=list)
     """Per closed step: loss bits of both sides, number of divergences."""
     divergences: list = field(default_factory=list)
@@ -209,7 +207,7 @@ class LockstepRunner:
             rank=self.rank, buffers=self.test.ddp.buffer_report(),
             persistent_bytes={Side.TEST.value: self.test.persistent_bytes(),
                               Side.REF.value: self.ref.persistent_bytes()},
-            ownership=self.test.layerwise.ownership_table(), build_s=build_s)
+            build_s=build_s)
         self.states: dict[int, _StepState] = {}
         self.pinned_drop = None
         self.scan_nonfinite = False

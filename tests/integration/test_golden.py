@@ -231,7 +231,7 @@ def test_find(tmp_path):
     # a shorter run (CLI override) finds the same golden
     assert golden.find(tmp_path, make_scenario({"name": "tiny[steps=2]", "world": 2, "steps": 2}), FP)[1] == "exact"
     # another configuration of an overridden scenario has no golden
-    with pytest.raises(GoldenMissing, match="this configuration of 'tiny'.*lr: golden None vs 0.01"):
+    with pytest.raises(GoldenMissing, match="this configuration of 'tiny'.*lr: 0.001 in the golden, 0.01 here"):
         golden.find(tmp_path, make_scenario({"name": "tiny[lr=0.01]", "world": 2, "steps": 4, "lr": 0.01}), FP)
     # ... unless another scenario ran that configuration: an override whose run is another
     # scenario's (`parity run --recipe blockwise --ep 8` runs blockwise-moe-w8-ep8-overlap-off's

@@ -406,7 +406,7 @@ def _damage(case: str, golden, tmp_path) -> tuple[Path, list[str]]:
         m["config"] = {**m["config"], "seed": 1}
         m["fingerprint"] = fingerprint(m["config"])
         manifest.write_text(json.dumps(m))
-        return root, ["is stale", "changed since it was recorded", "seed: golden 1 vs None"]
+        return root, ["is stale", "changed since it was recorded", "seed: 1 in the golden, 1234 here"]
     if case == "old-format":
         m = json.loads(manifest.read_text())
         m["format_version"] = 1
