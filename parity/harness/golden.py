@@ -514,6 +514,8 @@ class Comparison:
         g = f"{self.golden.scenario}/{self.golden.platform_id}"
         if self.tier == "approx":
             verdict = ("loss within" if self.status == "pass" else "loss NOT within") + f" {APPROX_LOSS_RTOL:g} relative"
+            if not self.differences:  # another platform, and yet the same bits
+                verdict = f"every tensor record bit-identical ({verdict})"
             head = f"approximate tier against {g}: {verdict} over {_n_steps(self.steps)}"
         elif self.status == "pass":
             head = f"bit-identical to {g} over {_n_steps(self.steps)}"
@@ -615,8 +617,10 @@ def _loss_close(g: str, r: str) -> bool:
 
 def drift_lines(c: Comparison, limit: int = 12) -> list[str]:
     """The drift at the stored steps as text: per step and phase, then the largest by max ULP."""
-    if not c.drift and c.tier == "exact":
+    if not c.drift and (c.tier == "exact" or not c.differences):
         return []
+    if not c.drift_steps:
+        return ["no element-wise drift: the golden stores no tensors of the steps compared (only digests)"]
     out = [f"drift vs the golden at stored steps {c.drift_steps} (rank 0):"]
     for step in c.drift_steps:
         for phase in STEP_PHASES:

@@ -215,6 +215,17 @@ def test_approximate_tier_judges_the_loss_and_reports_the_drift(tmp_path):
 
     assert golden.compare(g, record(edit=big), "approx").status == "fail"
 
+    # the same bits on another platform: said so, and no drift table
+    same = golden.compare(g, record(), "approx")
+    assert same.summary() == (f"approximate tier against tiny/{PID}: every tensor record bit-identical "
+                              "(loss within 0.05 relative) over 4 steps")
+    assert golden.drift_lines(same) == []
+    # a golden that keeps only digests has no drift to show: said in one line
+    bare = make_scenario({"name": "tiny", "world": 2, "steps": 4})
+    c = golden.compare(golden.load(write(tmp_path / "bare", bare)), record(bare, edit=small), "approx")
+    assert c.differences and golden.drift_lines(c) == [
+        "no element-wise drift: the golden stores no tensors of the steps compared (only digests)"]
+
 
 # ----------------------------------------------------------------------------------------------
 # find: missing, stale, other platform, format
