@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from parity.harness import atomic, golden
@@ -189,8 +190,9 @@ def _regen_one(s, root: Path, args) -> int:
 
 
 def _show(root: Path, names) -> int:
+    """The goldens of ``names`` (all when none): 0, or 2 when a name has none under ``root``."""
     refs = [r for r in golden.list_goldens(root) if not names or r.scenario in names]
-    if not refs:
+    if not refs and not names:
         print(f"no goldens under {root}")
     for ref in refs:
         try:
@@ -198,4 +200,8 @@ def _show(root: Path, names) -> int:
                 print(line)
         except GoldenError as e:
             print(f"{ref.scenario}/{ref.platform_id}: unusable: {e}")
+    missing = [n for n in dict.fromkeys(names) if n not in {r.scenario for r in refs}]
+    if missing:
+        print(f"parity: no golden under {root} for: {', '.join(missing)}", file=sys.stderr)
+        return 2
     return 0

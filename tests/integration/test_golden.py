@@ -425,6 +425,22 @@ def parity(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     return cli_fork.run(args, env=e, timeout=timeout, cwd=REPO)
 
 
+def test_golden_show(tmp_path):
+    write(tmp_path)
+    r = parity("golden", "show", "tiny", "--goldens", tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"tiny/{PID} at ") and "4 steps, ranks [0, 1]" in r.stdout, r
+    # a name with no golden is bad input: one line, exit 2, after what was found
+    r = parity("golden", "show", "tiny", "no-such", "--goldens", tmp_path)
+    assert r.returncode == 2 and f"tiny/{PID}" in r.stdout, r
+    assert r.stderr.strip() == f"parity: no golden under {tmp_path} for: no-such"
+    # a damaged golden is listed as unusable
+    (tmp_path / "tiny" / PID / "manifest.json").write_text("{")
+    r = parity("golden", "show", "--goldens", tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"tiny/{PID}: unusable: "), r
+    r = parity("golden", "show", "--goldens", tmp_path / "empty")
+    assert r.returncode == 0 and r.stdout.strip() == f"no goldens under {tmp_path / 'empty'}", r
+
+
 def _shipped_default_or_approx() -> list[str]:
     """`--allow-other-platform` where the shipped default golden is not for this platform (CI on
     another kernel set): the approximate tier, with the drift printed instead of a skip."""
