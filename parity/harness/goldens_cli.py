@@ -119,7 +119,7 @@ def golden_command(args, resolve) -> int:
 
 
 def _prefix(s, steps):
-    return s if not steps or steps == s.steps else s.prefix(steps)
+    return s if not steps or steps >= s.steps else s.prefix(steps)  # never past the golden
 
 
 def _run(s, args):

@@ -425,6 +425,13 @@ def parity(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     return cli_fork.run(args, env=e, timeout=timeout, cwd=REPO)
 
 
+def test_check_steps_is_a_prefix_never_an_extension():
+    from parity.harness.goldens_cli import _prefix
+
+    assert _prefix(SCEN, None) is SCEN and _prefix(SCEN, 4) is SCEN and _prefix(SCEN, 99) is SCEN
+    assert (_prefix(SCEN, 2).name, _prefix(SCEN, 2).steps) == ("tiny[steps=2]", 2)
+
+
 def test_golden_show(tmp_path):
     write(tmp_path)
     r = parity("golden", "show", "tiny", "--goldens", tmp_path)
