@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("action", choices=("check", "regen", "show"))
     g.add_argument("scenarios", nargs="*", metavar="SCENARIO")
     g.add_argument("--goldens", default=None, help="golden root (default: $PARITY_GOLDENS or the repo's goldens/)")
-    g.add_argument("--steps", type=_positive_int, help="check: run only the first N steps (a golden prefix; a larger N runs the whole scenario)")
+    g.add_argument("--steps", type=_positive_int,
+                   help="check: run only the first N steps (a golden prefix; a larger N runs the whole scenario)")
     g.add_argument("--allow-other-platform", action="store_true",
                    help="check: where this platform has no golden, compare with another platform's in the "
                    "approximate tier (loss within 5%%) and print the drift")
