@@ -16,7 +16,7 @@ import time
 
 from parity.harness import report as rep
 from parity.harness.errors import ConfigError
-from parity.harness.launch import LaunchConfig, RankFailure, launch, torchrun_job, under_torchrun
+from parity.harness.launch import LaunchConfig, RankFailure, launch, thread_ids, torchrun_job, under_torchrun
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
 from parity.harness.timing import profiled, rank_cpu, start_parts, time_garbage_collection
@@ -35,6 +35,20 @@ def _where(frame) -> tuple[bool, str]:
             where = f"{os.path.basename(fn)}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
     return in_collective, where
+
+
+def _thread_policies() -> list[str] | None:
+    """The scheduling policies of this rank's threads, now (gloo's included), e.g. ["batch"]."""
+    if not hasattr(os, "sched_getscheduler"):  # not Linux
+        return None
+    names = {os.SCHED_OTHER: "other", os.SCHED_BATCH: "batch", os.SCHED_IDLE: "idle"}
+    found = set()
+    for tid in thread_ids():
+        try:
+            found.add(names.get(os.sched_getscheduler(tid), "real-time"))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(found)
 
 
 def rank_main_with_heartbeat(ctx, scenario, opts):
@@ -85,6 +99,7 @@ def rank_main_with_heartbeat(ctx, scenario, opts):
     res["started"] = dict(ctx.started)
     res["start_method"] = ctx.launcher
     res["cpus"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    res["thread_policies"] = _thread_policies()
     return res
 
 

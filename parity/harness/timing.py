@@ -257,6 +257,7 @@ def merge_timing(results: list[dict], start_s: float | None, elapsed_s: float | 
     start_split = None if not parts else {p: round(sum(x[p] for x in parts) / len(parts), 3) for p in START_PARTS}
     methods = sorted({r["start_method"] for r in ranks if r.get("start_method")})
     on_one = [r["cpus"][0] for r in ranks if r.get("cpus") and len(r["cpus"]) == 1]
+    policies = sorted({p for r in ranks for p in r.get("thread_policies") or ["unknown"]})
     cpus = [r["cpu"] for r in ranks if r.get("cpu")]
     cpu = None if not cpus else {
         **{k: round(sum(c[k] for c in cpus) / len(cpus), 3) for k in cpus[0]}, "host_cpus": os.cpu_count()}
@@ -266,6 +267,7 @@ def merge_timing(results: list[dict], start_s: float | None, elapsed_s: float | 
         "start_parts": start_split,
         "start_method": "+".join(methods) or None,
         "bound_cpus": on_one if len(on_one) == n else None,  # each rank may run on one CPU only
+        "thread_policies": policies,  # the scheduling policies of the ranks' threads, all ranks
         "rest_s": None if rest is None else round(rest, 3),
         "build_s": round(build_s, 3),
         "totals": {kind: rnd(d) for kind, d in totals.items()},
@@ -296,6 +298,8 @@ def timing_md(name: str, timing: dict, elapsed_s: float | None) -> list[str]:
         start += f", ranks started by {timing['start_method']}"
     if timing.get("bound_cpus"):
         start += f", each on one CPU ({', '.join(map(str, timing['bound_cpus']))})"
+    if timing.get("thread_policies") == ["batch"]:
+        start += ", every thread under SCHED_BATCH"
     lines = [f"### {name}", "",
              f"wall {elapsed_s} s; rank start-up {start}; both stacks built in "
              f"{timing['build_s']} s{rest}; {steps} steps (seconds: total, and per step)", "",
