@@ -785,6 +785,11 @@ def _rank_main(
 
         store = dist.PrefixStore(f"{plan.store_prefix}/pg", client())
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        if cfg.backend == "gloo" and world_size > 1:
+            # gloo connects every pair as the group is made, and a rank can be done with its side
+            # while its peer still reads the handshake: a rank that then ran a short fn and exited
+            # made that peer fail in gloo. After the barrier every connection is up on every rank.
+            dist.barrier()
         started["group"] = time.time()
         conn.send_bytes(pickle.dumps(("ready", None)))
         ctx = RankContext(
