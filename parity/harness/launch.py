@@ -138,7 +138,7 @@ class LaunchConfig:
     Linux's SCHED_BATCH policy: a thread that wakes (a rank whose collective completed, a gloo
     thread with data) waits for the running one's time slice instead of preempting it. With 4
     ranks on a CPU, wake-up preemption switched ranks ten times as often and cost system time; under
-    SCHED_BATCH 8 ranks on 2 CPUs ran 13% faster, with half the system time (docs/measurements.md,
+    SCHED_BATCH 8 ranks on 2 CPUs ran 12-13% faster, with half the system time (docs/measurements.md,
     fifteenth session). The scheduling policy changes no bits. CUDA ranks are left as they are."""
     retain_freed_memory: bool = True
     """CPU ranks keep the memory they free in their heap for the next allocation (glibc's
