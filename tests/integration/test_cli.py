@@ -233,3 +233,12 @@ def test_world_1_runs_and_says_which_ep(tmp_path):
     (e,) = json.loads((out / "report.json").read_text())["scenarios"]
     assert (e["scenario"]["world"], e["scenario"]["ep"], e["scenario"]["moe"]) == (1, 1, True)
     assert e["status"] == "pass" and e["compared"] > 0
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """`parity list | head`: once nobody reads stdout, the command stops with 141 (what a shell
+    reports for a process SIGPIPE ended), no "internal error" line and no Python noise at exit."""
+    p = subprocess.Popen(PARITY + ["list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the command writes: its first flush meets a pipe without a reader
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141 and err == b"", err
