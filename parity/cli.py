@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     except ValueError:  # not the main thread (main() called from a test or an embedding program)
         previous_sigterm, restore = None, False
     job, stdout = None, sys.stdout
-    if args.cmd not in _COMMANDS_WITHOUT_TORCH:
+    if args.cmd in _COMMANDS_STARTING_WITH_TORCH:
         _import_torch_uncollected()
     try:
         job = _torchrun_start(args, argv)
@@ -231,7 +231,9 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
 
 
-_COMMANDS_WITHOUT_TORCH = ("list",)
+_COMMANDS_STARTING_WITH_TORCH = ("golden", "diff", "triage", "selftest")
+"""Commands whose first step loads torch. `run` checks its input first, without torch (bad input
+is answered in a fraction of a second), and then imports it the same way; `list` never loads it."""
 
 
 def _import_torch_uncollected() -> None:
@@ -263,6 +265,7 @@ def _torchrun_start(args, argv):
 
     if args.cmd not in ("run", "golden") or not under_torchrun():
         return None
+    _import_torch_uncollected()
     import torch
 
     from parity.distributed.determinism import DETERMINISM_ENV
@@ -441,6 +444,7 @@ def cmd_run(args, argv) -> int:
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
     start_early({s.device for s in scenarios})  # the input is valid: a server imports beside us
+    _import_torch_uncollected()
     from parity.harness import report as rep
     from parity.harness.driver import run_scenario
     from parity.harness.launch import is_report_writer
@@ -467,7 +471,7 @@ def cmd_run(args, argv) -> int:
         if not args.quiet:
             print(f"[parity] {s.name}: {s.pair} pair, {s.recipe}, world {s.world}, ep {s.ep}, "
                   f"{'moe' if s.moe else 'dense'}, overlap {'on' if s.overlap else 'off'}, "
-                  f"{s.layout} layout, {s.steps} steps on {s.device}", flush=True)
+                  f"{s.layout} layout, {s.steps} step{'s' if s.steps != 1 else ''} on {s.device}", flush=True)
         if args.resume_from:
             from parity.harness.resume import run_from_checkpoint
 
