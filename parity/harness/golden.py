@@ -282,9 +282,8 @@ def _parse(path: Path, m: Any) -> Record:
                   dict(m.get("info") or {}), path, dict(files))
 
 
-def load(path: str | os.PathLike[str], *, verify_files: bool = True) -> Record:
-    """Load and validate a record directory (a golden, or a run's record)."""
-    gdir = Path(path)
+def _manifest_json(gdir: Path) -> Any:
+    """The JSON of a record directory's manifest, unvalidated."""
     try:
         text = (gdir / MANIFEST_NAME).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -292,11 +291,16 @@ def load(path: str | os.PathLike[str], *, verify_files: bool = True) -> Record:
     except (OSError, UnicodeDecodeError) as e:
         raise GoldenError(f"cannot read golden manifest {gdir / MANIFEST_NAME}: {e}") from None
     try:
-        m = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise GoldenError(f"golden manifest {gdir / MANIFEST_NAME} is not valid JSON (line {e.lineno}: {e.msg}); "
                           "regenerate the golden") from None
-    rec = _parse(gdir, m)
+
+
+def load(path: str | os.PathLike[str], *, verify_files: bool = True) -> Record:
+    """Load and validate a record directory (a golden, or a run's record)."""
+    gdir = Path(path)
+    rec = _parse(gdir, _manifest_json(gdir))
     for name, f in rec.files.items():
         p = gdir / name
         if not p.is_file():
@@ -389,11 +393,16 @@ def _same_configuration(root, fp: str, *, prefer: str, kind: str) -> list[Golden
     by name). An overridden scenario (``parity run --recipe blockwise --ep 8``) often runs exactly
     what a shipped scenario runs; the golden identity leaves out the name and the step count, so
     that scenario's golden is this run's. Tensor files are not hashed here (the one chosen is, when
-    it is loaded); a golden that cannot be read is passed over (its own scenario's run reports it)."""
+    it is loaded); a golden that cannot be read is passed over (its own scenario's run reports it).
+    Only the manifests whose stored fingerprint is ``fp`` are validated: the others' digest lists
+    were most of the search's time (0.11 of 0.14 s over 73 manifests)."""
     found = []
     for ref in list_goldens(root):
         try:
-            rec = load(ref.path, verify_files=False)
+            stored = _manifest_json(ref.path)
+            if not isinstance(stored, dict) or stored.get("fingerprint") != fp:
+                continue  # another configuration, or not a manifest at all
+            rec = load(ref.path, verify_files=False)  # checks the stored fingerprint against its config
         except GoldenError:
             continue
         if rec.fingerprint == fp:
