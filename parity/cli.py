@@ -241,7 +241,7 @@ def _import_torch_uncollected() -> None:
     reach (``gc.freeze``). The import makes a few hundred thousand objects that live as long as
     the process and form no garbage; with the collector on, it walked them again and again during
     the import, and every later full collection (while the golden manifests are parsed, say)
-    walked them all. Measured: the import 1.11 -> 0.97 s, reading the 74 golden manifests 0.24 ->
+    walked them all. Measured: the import 1.11 -> 0.97 s, reading the 73 golden manifests 0.24 ->
     0.15 s (docs/measurements.md, sixteenth session). Only in a process that has not loaded torch
     yet: a caller that has (a test calling main()) keeps its collector as it is."""
     if "torch" in sys.modules:
