@@ -196,12 +196,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_RUNTIME
-    except BrokenPipeError:  # nobody reads stdout any more: nothing to say, and nowhere to say it
-        _stdout_to_devnull()
-        return EXIT_BROKEN_PIPE
     except Exception as e:  # never a traceback for the user; PARITY_DEBUG=1 shows it
         from parity.distributed.determinism import DeterminismError
 
+        if isinstance(e, BrokenPipeError) and _stdout_reader_gone():
+            _stdout_to_devnull()  # nobody reads stdout any more: nothing to say, nowhere to say it
+            return EXIT_BROKEN_PIPE
         if isinstance(e, DeterminismError):
             print(f"parity: {_one_line(e)}", file=sys.stderr)
             code = EXIT_USAGE
@@ -218,6 +218,19 @@ def main(argv=None) -> int:
         if restore:
             signal.signal(signal.SIGTERM, previous_sigterm if previous_sigterm is not None else signal.SIG_DFL)
     return code if job is None else _torchrun_finish(job, code)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (poll reports an error on it), as
+    opposed to a broken pipe elsewhere in the command (a rank's), which is a failure to report."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() here, or stdout has no descriptor
+        return False
 
 
 def _stdout_to_devnull() -> None:

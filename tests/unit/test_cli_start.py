@@ -1,5 +1,6 @@
-"""How the command starts: torch is imported with the garbage collector off, and what the
-process holds then is frozen (parity.cli._import_torch_uncollected)."""
+"""How the command starts and stops: torch is imported with the garbage collector off, and what the
+process holds then is frozen (parity.cli._import_torch_uncollected); a reader of its output that
+leaves ends it quietly."""
 
 import gc
 import subprocess
@@ -54,3 +55,36 @@ def test_a_process_that_has_torch_keeps_its_collector():
     before = gc.get_freeze_count()
     cli._import_torch_uncollected()
     assert gc.get_freeze_count() == before and gc.isenabled()
+
+
+def test_a_broken_pipe_is_quiet_only_when_stdout_lost_its_reader(tmp_path, monkeypatch):
+    """A reader that leaves (`parity list | head`) ends the command quietly; a broken pipe anywhere
+    else (a rank's) stays a failure the user is told about."""
+    import os
+
+    read_end, write_end = os.pipe()
+    try:
+        with open(write_end, "w", closefd=False) as out:
+            monkeypatch.setattr(sys, "stdout", out)
+            assert not cli._stdout_reader_gone()  # a reader is there
+            os.close(read_end)
+            read_end = None
+            assert cli._stdout_reader_gone()
+        with open(tmp_path / "f", "w") as out:  # a file never loses its reader
+            monkeypatch.setattr(sys, "stdout", out)
+            assert not cli._stdout_reader_gone()
+    finally:
+        for fd in (read_end, write_end):
+            if fd is not None:
+                os.close(fd)
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_reported():
+    code = ("import sys\n"
+            "from parity import cli\n"
+            "def command(args, argv):\n"
+            "    raise BrokenPipeError(32, 'Broken pipe')  # e.g. writing to a rank that died\n"
+            "cli.COMMANDS['list'] = command\n"
+            "sys.exit(cli.main(['list']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == cli.EXIT_RUNTIME and "internal error: BrokenPipeError" in r.stderr, r.stderr
