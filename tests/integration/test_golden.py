@@ -483,15 +483,19 @@ def test_run_checks_the_shipped_golden_by_default_and_a_changed_eps_fails(tmp_pa
 
 
 @pytest.mark.slow
-def test_the_ep8_command_is_checked_against_the_ep8_scenarios_golden(tmp_path):
+@pytest.mark.parametrize("flags, scenario", [(["--recipe", "blockwise", "--ep", "8"], "blockwise-moe-w8-ep8-overlap-off"),
+                                             (["--recipe", "mxfp8"], "mxfp8-moe-w4-ep2")],
+                         ids=["blockwise-ep8", "mxfp8"])
+def test_a_hand_run_command_is_checked_against_the_golden_of_its_configuration(tmp_path, flags, scenario):
     """`parity run --recipe blockwise --ep 8` overrides the default scenario into the configuration
-    blockwise-moe-w8-ep8-overlap-off runs; that scenario's golden is the command's."""
+    blockwise-moe-w8-ep8-overlap-off runs, and `parity run --recipe mxfp8` into mxfp8-moe-w4-ep2's:
+    that scenario's golden is the command's."""
     here = platform_id(platform_fingerprint("cpu"))
-    if not (REPO / "goldens" / "blockwise-moe-w8-ep8-overlap-off" / here).is_dir():
-        pytest.skip(f"no golden of blockwise-moe-w8-ep8-overlap-off for {here}")
-    r = parity("run", "--recipe", "blockwise", "--ep", "8", "--steps", "2", "--quiet", "--out", tmp_path / "o")
+    if not (REPO / "goldens" / scenario / here).is_dir():
+        pytest.skip(f"no golden of {scenario} for {here}")
+    r = parity("run", *flags, "--steps", "2", "--quiet", "--out", tmp_path / "o")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"golden: bit-identical to blockwise-moe-w8-ep8-overlap-off/{here} over 2 steps" in r.stdout, r.stdout
+    assert f"golden: bit-identical to {scenario}/{here} over 2 steps" in r.stdout, r.stdout
     (e,) = json.loads((tmp_path / "o" / "report.json").read_text())["scenarios"]
     assert e["golden"] == "pass" and e["golden_detail"]["steps"] == 2
 
