@@ -181,9 +181,9 @@ def main(argv=None) -> int:
     except ValueError:  # not the main thread (main() called from a test or an embedding program)
         previous_sigterm, restore = None, False
     job, stdout = None, sys.stdout
-    if args.cmd in _COMMANDS_STARTING_WITH_TORCH:
-        _import_torch_uncollected()
     try:
+        if args.cmd in _COMMANDS_STARTING_WITH_TORCH:
+            _import_torch_uncollected()
         job = _torchrun_start(args, argv)
         if job is not None and job.rank != 0:
             sys.stdout = open(os.devnull, "w")  # progress lines come from global rank 0 only
@@ -197,12 +197,12 @@ def main(argv=None) -> int:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_RUNTIME
     except Exception as e:  # never a traceback for the user; PARITY_DEBUG=1 shows it
-        from parity.distributed.determinism import DeterminismError
-
+        # (not imported here: it imports torch, which may be what failed to import)
+        determinism = sys.modules.get("parity.distributed.determinism")
         if isinstance(e, BrokenPipeError) and _stdout_reader_gone():
             _stdout_to_devnull()  # nobody reads stdout any more: nothing to say, nowhere to say it
             return EXIT_BROKEN_PIPE
-        if isinstance(e, DeterminismError):
+        if determinism is not None and isinstance(e, determinism.DeterminismError):
             print(f"parity: {_one_line(e)}", file=sys.stderr)
             code = EXIT_USAGE
         else:

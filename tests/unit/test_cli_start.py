@@ -88,3 +88,14 @@ def test_a_broken_pipe_that_is_not_stdouts_is_reported():
             "sys.exit(cli.main(['list']))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == cli.EXIT_RUNTIME and "internal error: BrokenPipeError" in r.stderr, r.stderr
+
+
+def test_a_torch_that_does_not_import_is_one_line_not_a_traceback():
+    code = ("import sys\n"
+            "sys.modules['torch'] = None  # what an environment without torch looks like to an import\n"
+            "from parity.cli import main\n"
+            "sys.exit(main(['golden', 'show', 'default']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == cli.EXIT_RUNTIME, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("parity: internal error: ModuleNotFoundError"), r.stderr
