@@ -17,7 +17,6 @@ at import, see :func:`_needs_fresh_interpreter`).
 from __future__ import annotations
 
 import atexit
-import gc
 import importlib
 import io
 import json
@@ -60,11 +59,10 @@ def _serve(path: str) -> None:
     pin_before_torch()  # what parity.cli.main does first, before torch loads
     from parity.harness.forkserver import PRELOAD
 
-    gc.disable()  # and then, as parity.cli does, torch imported uncollected and frozen
-    for module in ["parity.cli", *PRELOAD]:  # torch, the launcher and the whole stack
+    cli = importlib.import_module("parity.cli")
+    cli._import_torch_uncollected()  # as the command does: torch imported uncollected, then frozen
+    for module in PRELOAD:  # the launcher and the whole stack
         importlib.import_module(module)
-    gc.enable()
-    gc.freeze()
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

@@ -300,7 +300,12 @@ def _manifest_json(gdir: Path) -> Any:
 def load(path: str | os.PathLike[str], *, verify_files: bool = True) -> Record:
     """Load and validate a record directory (a golden, or a run's record)."""
     gdir = Path(path)
-    rec = _parse(gdir, _manifest_json(gdir))
+    return _validated(gdir, _manifest_json(gdir), verify_files)
+
+
+def _validated(gdir: Path, m: Any, verify_files: bool) -> Record:
+    """The record of manifest JSON ``m`` read from ``gdir``, once it and its tensor files check out."""
+    rec = _parse(gdir, m)
     for name, f in rec.files.items():
         p = gdir / name
         if not p.is_file():
@@ -402,12 +407,11 @@ def _same_configuration(root, fp: str, *, prefer: str, kind: str) -> list[Golden
             stored = _manifest_json(ref.path)
             if not isinstance(stored, dict) or stored.get("fingerprint") != fp:
                 continue  # another configuration, or not a manifest at all
-            rec = load(ref.path, verify_files=False)  # checks the stored fingerprint against its config
+            rec = _validated(ref.path, stored, verify_files=False)  # its config must give that fingerprint
         except GoldenError:
             continue
-        if rec.fingerprint == fp:
-            found.append(((not ref.platform_id.startswith(kind), ref.platform_id, ref.scenario != prefer,
-                           -rec.steps, ref.scenario), ref))
+        found.append(((not ref.platform_id.startswith(kind), ref.platform_id, ref.scenario != prefer,
+                       -rec.steps, ref.scenario), ref))
     return [ref for _, ref in sorted(found, key=lambda f: f[0])]
 
 
