@@ -21,6 +21,7 @@ torch hands fp32 GEMMs to bf16 kernels. :func:`mm` and :func:`addmm` ensure it; 
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import numpy as np
 import torch
@@ -78,20 +79,27 @@ def _highest():
         torch.set_float32_matmul_precision(previous)
 
 
-def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` in ``a.dtype``, accumulated in fp32."""
+def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``a @ b`` accumulated in fp32, rounded once to ``out_dtype`` (default ``a.dtype``). The
+    operands may be fp32 tensors that hold bf16 values: an iteration that reuses an operand then
+    widens it once, not per GEMM."""
+    out_dtype = out_dtype or a.dtype
     if a.device.type == "cpu":
-        return _cpu_sgemm(a.float(), b.float()).to(a.dtype)
+        return _cpu_sgemm(a.float(), b.float()).to(out_dtype)
     with _highest():
-        return (a.float() @ b.float()).to(a.dtype)
+        return (a.float() @ b.float()).to(out_dtype)
 
 
-def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float, alpha: float) -> torch.Tensor:
-    """``beta * c + alpha * (a @ b)`` in ``c.dtype``: computed in fp32, rounded once to ``c.dtype``.
-    On the CPU the two scalings and the sum are separate fp32 operations; cuBLAS fuses them into
-    its GEMM's epilogue."""
+def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float, alpha: float,
+          out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``beta * c + alpha * (a @ b)`` computed in fp32, rounded once to ``out_dtype`` (default
+    ``c.dtype``). On the CPU the two scalings and the sum are separate fp32 operations (alpha = 1
+    scales nothing: x * 1 is x); cuBLAS fuses them into its GEMM's epilogue."""
+    out_dtype = out_dtype or c.dtype
     if c.device.type == "cpu":
-        ab = _cpu_sgemm(a.float(), b.float()) * alpha
-        return (ab if beta == 0 else c.float() * beta + ab).to(c.dtype)  # beta = 0 ignores c, as torch does
+        ab = _cpu_sgemm(a.float(), b.float())
+        if alpha != 1.0:
+            ab = ab * alpha
+        return (ab if beta == 0 else c.float() * beta + ab).to(out_dtype)  # beta = 0 ignores c, as torch does
     with _highest():
-        return torch.addmm(c.float(), a.float(), b.float(), beta=beta, alpha=alpha).to(c.dtype)
+        return torch.addmm(c.float(), a.float(), b.float(), beta=beta, alpha=alpha).to(out_dtype)

@@ -72,13 +72,14 @@ def newton_schulz(
     X = F.normalize(x, p=2, dim=(-2, -1), eps=eps)
     # Torch has no fp32-in/bf16-compute matmul, so "medium" means run the whole loop in bf16
     # (bf16 values, fp32 accumulation, one rounding per GEMM: parity.model.matmul).
-    if torch.get_float32_matmul_precision() == "medium":
-        X = X.to(torch.bfloat16)
+    work = torch.bfloat16 if torch.get_float32_matmul_precision() == "medium" else torch.float32
+    # X, A and B hold work-dtype values, each rounded once per GEMM; they are kept widened to fp32
+    # (exact) because every GEMM widens its operands, and each is an operand more than once.
+    X = X.to(work).float()
     for a, b, c in itertools.islice(itertools.cycle(NS_COEFFICIENTS[coefficient_type]), steps):
-        A = matmul.mm(X, X.mT)
-        B = matmul.addmm(A, A, A, beta=b, alpha=c)
-        X = matmul.addmm(X, B, X, beta=a, alpha=1.0)
-    X = X.to(torch.float32)
+        A = matmul.mm(X, X.mT, out_dtype=work).float()
+        B = matmul.addmm(A, A, A, beta=b, alpha=c, out_dtype=work).float()
+        X = matmul.addmm(X, B, X, beta=a, alpha=1.0, out_dtype=work).float()
     return X.mT if transpose else X
 
 
