@@ -140,14 +140,14 @@ def blockwise_scale_from_amax(amax: torch.Tensor, fp8_dtype, input_dtype: torch.
     eps32 = _as_fp32(eps)
     if eps32 > 0.0:
         a = torch.where(a < eps32, _fp32_const(eps32, dev), a)
-    unit = (a == math.inf) | (a == 0.0) | torch.isnan(a)
+    regular = (a > 0.0) & (a < math.inf)  # not 0, +inf or NaN: those take scale 1
     # torch.div(fmax, a) of two tensors, NOT `fmax / a`: Tensor.__rtruediv__ computes
     # reciprocal(a) * fmax, which is not the correctly rounded quotient (docs/spec/te.md 3).
     s = torch.div(_fp32_const(FP8_MAX[canonical_fp8_dtype(fp8_dtype)], dev), a)
     s = torch.where(s == math.inf, _fp32_const(input_dtype_max(input_dtype), dev), s)
     if pow2_scales:
         s = (s.view(torch.int32) & _SIGN_EXP_MASK).view(torch.float32)
-    s = torch.where(unit, one, s)
+    s = torch.where(regular, s, one)
     scale_inv = torch.div(one, s)  # IEEE division: correctly rounded, subnormals kept
     return s, scale_inv
 

@@ -383,8 +383,7 @@ def list_goldens(root: str | os.PathLike[str]) -> list[GoldenRef]:
     return out
 
 
-def _exact(path: Path, platform: Mapping[str, str]) -> Record:
-    rec = load(path)
+def _exact(rec: Record, platform: Mapping[str, str]) -> Record:
     diff = fingerprint_diff(rec.platform, dict(platform))
     if diff:
         what = ", ".join(f"{k}: golden {a!r} vs here {b!r}" for k, (a, b) in diff.items())
@@ -403,16 +402,22 @@ def _same_configuration(root, fp: str, *, prefer: str, kind: str) -> list[Golden
     were most of the search's time (0.11 of 0.14 s over 73 manifests)."""
     found = []
     for ref in list_goldens(root):
-        try:
-            stored = _manifest_json(ref.path)
-            if not isinstance(stored, dict) or stored.get("fingerprint") != fp:
-                continue  # another configuration, or not a manifest at all
-            rec = _validated(ref.path, stored, verify_files=False)  # its config must give that fingerprint
-        except GoldenError:
-            continue
-        found.append(((not ref.platform_id.startswith(kind), ref.platform_id, ref.scenario != prefer,
-                       -rec.steps, ref.scenario), ref))
+        rec = _of_configuration(ref.path, fp)
+        if rec is not None:
+            found.append(((not ref.platform_id.startswith(kind), ref.platform_id, ref.scenario != prefer,
+                           -rec.steps, ref.scenario), ref))
     return [ref for _, ref in sorted(found, key=lambda f: f[0])]
+
+
+def _of_configuration(path: Path, fp: str, *, verify_files: bool = False) -> Record | None:
+    """The record at ``path`` if it is a readable golden of configuration ``fp``, else None."""
+    try:
+        stored = _manifest_json(path)
+        if not isinstance(stored, dict) or stored.get("fingerprint") != fp:
+            return None  # another configuration, or not a manifest at all
+        return _validated(path, stored, verify_files)  # its config must give that fingerprint
+    except GoldenError:
+        return None
 
 
 def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
@@ -433,10 +438,16 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
     config = scenario_config(scenario)
     kind = platform.get("device_kind", "")
     if scenario.name != name:  # overridden on the command line
+        # The scenario's own golden for this platform comes first among those of its configuration
+        # (_same_configuration's order), so a prefix run (the suite's `[steps=8]`) need not search.
+        own = atomic.resolve(Path(root) / name / pid, MANIFEST_NAME)
+        rec = None if own is None else _of_configuration(own, fingerprint(config), verify_files=True)
+        if rec is not None:
+            return _exact(rec, platform), "exact"
         same = _same_configuration(root, fingerprint(config), prefer=name, kind=kind)
         mine = [r for r in same if r.platform_id == pid]
         if mine:
-            return _exact(mine[0].path, platform), "exact"
+            return _exact(load(mine[0].path), platform), "exact"
         if allow_other_platform and same:
             return load(same[0].path), "approx"
         if same:
@@ -447,7 +458,7 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
     have = [r for r in list_goldens(root) if r.scenario == name]
     mine = [r for r in have if r.platform_id == pid]
     if mine:
-        rec, tier = _exact(mine[0].path, platform), "exact"
+        rec, tier = _exact(load(mine[0].path), platform), "exact"
     elif allow_other_platform and have:
         ref = min(have, key=lambda r: (not r.platform_id.startswith(kind), r.platform_id))
         rec, tier = load(ref.path), "approx"
