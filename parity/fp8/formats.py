@@ -132,6 +132,9 @@ def fp8_to_fp32(data: torch.Tensor, fp8_dtype) -> torch.Tensor:
     return data.view(FP8_TORCH_DTYPE[name]).float()
 
 
+_E8M0_CEIL_OFFSET = (1 << 52) - 1 - ((1023 - 127) << 52)
+
+
 def e8m0_from_fp32(v: torch.Tensor) -> torch.Tensor:
     """E8M0 biased exponent of ``v`` rounded *up* to a power of two (docs/spec/te.md 2.2), as uint8.
 
@@ -141,11 +144,12 @@ def e8m0_from_fp32(v: torch.Tensor) -> torch.Tensor:
     """
     if v.dtype != torch.float32:
         raise TypeError(f"e8m0_from_fp32 expects float32, got {v.dtype}")
-    bits = (v.view(torch.int32) & 0x7FFFFFFF).clamp_(max=0x7F800000)  # |v|; NaN as +inf for now
-    # Adding 2**23 - 1 to the bits carries into the exponent field exactly when F > 0: E + (F > 0).
-    # A subnormal (E == 0) rounds up to 2**-126 only above 2**-127 (F > 2**22): add 2**22 - 1 there.
-    carry = torch.where(bits < 0x00800000, 0x003FFFFF, 0x007FFFFF)
-    e = ((bits + carry) >> 23).clamp_(max=254)  # E = 254 with F > 0, and +inf, stay at 254
+    # In float64 every fp32 value is normal, subnormals included, so one carry rule covers them
+    # all: adding 2**52 - 1 to |v|'s bits carries into the exponent field exactly when the mantissa
+    # is nonzero, which leaves ceil(log2 |v|) + 1023 there; _E8M0_CEIL_OFFSET also moves the bias
+    # to 127. Below 2**-127 that is <= 0, above 2**127 (and +inf) >= 255: both clamp.
+    bits = v.double().abs_().view(torch.int64)
+    e = ((bits + _E8M0_CEIL_OFFSET) >> 52).clamp_(0, 254)
     return e.masked_fill_(torch.isnan(v), 255).to(torch.uint8)
 
 

@@ -273,7 +273,10 @@ def _quantize_mx_cols(xf: torch.Tensor, owned: bool, fp8):
 
 
 def _padded(grid: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """grid placed top-left in a zero tensor [rows, cols]."""
+    """grid placed top-left in a zero tensor [rows, cols]. A grid that is that shape already
+    (aligned dims) and no view of another tensor's storage is returned as it is."""
+    if grid.shape == (rows, cols) and grid.is_contiguous() and grid._base is None:
+        return grid
     out = grid.new_zeros((rows, cols))
     out[: grid.shape[0], : grid.shape[1]] = grid
     return out
