@@ -1,5 +1,5 @@
 """Sums on gloo: parity's exchange-and-add against gloo's own ring, per call, on CPU ranks started
-by parity's launcher (bound one to a CPU when they are at least as many as the CPUs, as in a run).
+by parity's launcher (bound one to a CPU when they are as many as the CPUs to twice as many, as in a run).
 
 For each world size and fp32 element count, prints the mean wall time per call on rank 0 and the
 mean CPU time per call over the ranks (user + system, every thread), for
