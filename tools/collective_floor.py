@@ -2,7 +2,7 @@
 
 Runs ``parity run ARGS --golden off`` once with every rank's torch.distributed collectives traced
 (operation, group, sizes, dtypes, split sizes, async or not, in issue order), then replays each
-rank's sequence on zero-filled tensors with the same number of ranks, started and bound to CPUs by
+rank's sequence on zero-filled tensors with the same number of ranks, started (and, as many as the CPUs to twice as many, bound to CPUs) by
 parity's launcher as in a run. Prints the run's wall time, the replay's, and the replay's time per
 kind of collective on rank 0 (an asynchronous collective's wait is counted in the next blocking
 one; an object all-gather sends a 2 KiB string in place of the objects). If the replay alone takes longer than a wall-time goal, no speed-up of the computation
