@@ -128,14 +128,16 @@ class LaunchConfig:
     """Prefix each line a rank prints from Python with ``[rank N]``."""
     bind_cpu_ranks: bool = True
     """CPU ranks at least as many as the CPUs the launching process may use on this host, and at
-    most twice as many, are each bound to one of them, round-robin by local rank. A rank's threads
-    (its own and gloo's) then hand work to one another on one CPU instead of waking each other
-    across CPUs: 2 ranks on 2 CPUs ran 5% faster (docs/measurements.md, sixth session), 4 ranks 8%
-    faster (seventeenth session). Fewer ranks are left free to move: concurrent launches of them
-    would all start on the same CPUs. More ranks are left free too: their work per step differs
-    (an expert's tokens), and ranks bound four to a CPU leave that CPU idle while they wait for the
-    ranks of the other; free, the scheduler fills it (8 ranks on 2 CPUs under SCHED_BATCH: 3.5%
-    faster free, seventeenth session). CUDA ranks are never bound."""
+    most twice as many, are each bound to one of them, consecutive local ranks to the same CPU. A
+    rank's threads (its own and gloo's) then hand work to one another on one CPU instead of waking
+    each other across CPUs: 2 ranks on 2 CPUs ran 5% faster (docs/measurements.md, sixth session), 4
+    ranks 8% faster (seventeenth session). Consecutive ranks form the EP groups, which exchange
+    tokens in every MoE layer: with them on one CPU, `default` (4 ranks, EP 2) ran 2-3% faster than
+    with the ranks dealt round-robin (seventeenth session). Fewer ranks are left free to move:
+    concurrent launches of them would all start on the same CPUs. More ranks are left free too:
+    their work per step differs (an expert's tokens), and ranks bound four to a CPU leave that CPU
+    idle while they wait for the ranks of the other; free, the scheduler fills it (8 ranks on 2
+    CPUs under SCHED_BATCH: 3.5% faster free, seventeenth session). CUDA ranks are never bound."""
     batch_scheduling: bool = True
     """CPU ranks at least as many as the CPUs (as for :attr:`bind_cpu_ranks`) run every thread under
     Linux's SCHED_BATCH policy: a thread that wakes (a rank whose collective completed, a gloo
@@ -681,7 +683,7 @@ class _RankPlan:
 
 def _share_the_cpus(cfg: LaunchConfig, local_rank: int, local_world_size: int) -> None:
     """Where this host has at least as many CPU ranks as CPUs this process may use: bind it to one
-    of them, round-robin by local rank, if they are at most twice as many
+    of them, consecutive local ranks to the same CPU, if they are at most twice as many
     (:attr:`LaunchConfig.bind_cpu_ranks`), and schedule its
     threads, and those it starts, as batch work (:attr:`LaunchConfig.batch_scheduling`)."""
     if cfg.device != "cpu" or not hasattr(os, "sched_getaffinity"):  # not Linux
@@ -690,7 +692,8 @@ def _share_the_cpus(cfg: LaunchConfig, local_rank: int, local_world_size: int) -
     if local_world_size < len(cpus):
         return
     if cfg.bind_cpu_ranks and local_world_size <= 2 * len(cpus):
-        os.sched_setaffinity(0, {cpus[local_rank % len(cpus)]})
+        # neighbours share a CPU: an EP group is a block of consecutive ranks
+        os.sched_setaffinity(0, {cpus[local_rank * len(cpus) // local_world_size]})
     if cfg.batch_scheduling:
         for tid in thread_ids():  # a forked rank has one; threads started later inherit the policy
             try:

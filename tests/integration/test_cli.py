@@ -51,8 +51,8 @@ def test_a_run_never_imports_torch_dynamo(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux CPU affinity and 2 CPUs")
 def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
-    """4 CPU ranks on 2 CPUs: each rank may run on one CPU, alternating (what every rank's own
-    affinity says, in the report), and every thread of every rank, gloo's too, runs under
+    """4 CPU ranks on 2 CPUs: each rank may run on one CPU, ranks 0 and 1 on the first, 2 and 3 on
+    the second (what every rank's own affinity says, in the report), and every thread of every rank, gloo's too, runs under
     SCHED_BATCH (what the OS says of each thread at the rank's end); 2 ranks too, one per CPU; 8
     ranks (4 a CPU) run under SCHED_BATCH but free to move; 1 rank is left alone."""
     two = sorted(os.sched_getaffinity(0))[:2]
@@ -65,12 +65,12 @@ def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         timing = json.loads((out / "report.json").read_text())["scenarios"][0]["timing"]
         found[world], policies[world] = timing["bound_cpus"], timing["thread_policies"]
-    assert found == {8: None, 4: [two[0], two[1], two[0], two[1]], 2: [two[0], two[1]], 1: None}
+    assert found == {8: None, 4: [two[0], two[0], two[1], two[1]], 2: [two[0], two[1]], 1: None}
     # where the OS refuses the policy (a sandbox) the ranks run on under the default one
     batch = ["batch"] if _sched_batch_allowed() else ["other"]
     assert policies == {8: batch, 4: batch, 2: batch, 1: ["other"]}
     summary = (tmp_path / "w4" / "summary.md").read_text()
-    assert f"each on one CPU ({two[0]}, {two[1]}, {two[0]}, {two[1]})" in summary
+    assert f"each on one CPU ({two[0]}, {two[0]}, {two[1]}, {two[1]})" in summary
     assert ("every thread under SCHED_BATCH" in summary) == (batch == ["batch"])
 
 
