@@ -306,6 +306,13 @@ def load(path: str | os.PathLike[str], *, verify_files: bool = True) -> Record:
 def _validated(gdir: Path, m: Any, verify_files: bool) -> Record:
     """The record of manifest JSON ``m`` read from ``gdir``, once it and its tensor files check out."""
     rec = _parse(gdir, m)
+    _check_files(gdir, rec, verify_files)
+    return rec
+
+
+def _check_files(gdir: Path, rec: Record, verify_files: bool) -> None:
+    """Raise GoldenError unless every tensor file of ``rec`` is there at its size (and, with
+    ``verify_files``, has its digest)."""
     for name, f in rec.files.items():
         p = gdir / name
         if not p.is_file():
@@ -316,7 +323,6 @@ def _validated(gdir: Path, m: Any, verify_files: bool) -> Record:
         if verify_files and file_sha256(p) != f["sha256"]:
             raise GoldenError(f"golden {gdir}: tensor file {name} does not match its digest (modified or "
                               "corrupt); regenerate it")
-    return rec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +397,7 @@ def _exact(rec: Record, platform: Mapping[str, str]) -> Record:
     return rec
 
 
-def _same_configuration(root, fp: str, *, prefer: str, kind: str) -> list[GoldenRef]:
+def _same_configuration(root, fp: str, *, prefer: str, kind: str, skip: Path | None = None) -> list[GoldenRef]:
     """The goldens of configuration ``fp``, best first: on the platforms of device kind ``kind``
     first (then by platform), scenario ``prefer``'s first, then the one with the most steps (then
     by name). An overridden scenario (``parity run --recipe blockwise --ep 8``) often runs exactly
@@ -399,23 +405,25 @@ def _same_configuration(root, fp: str, *, prefer: str, kind: str) -> list[Golden
     that scenario's golden is this run's. Tensor files are not hashed here (the one chosen is, when
     it is loaded); a golden that cannot be read is passed over (its own scenario's run reports it).
     Only the manifests whose stored fingerprint is ``fp`` are validated: the others' digest lists
-    were most of the search's time (0.11 of 0.14 s over 73 manifests)."""
+    were most of the search's time (0.11 of 0.14 s over 73 manifests). ``skip``: a golden already
+    found to be of another configuration, or unreadable."""
     found = []
     for ref in list_goldens(root):
-        rec = _of_configuration(ref.path, fp)
+        rec = None if ref.path == skip else _of_configuration(ref.path, fp)
         if rec is not None:
             found.append(((not ref.platform_id.startswith(kind), ref.platform_id, ref.scenario != prefer,
                            -rec.steps, ref.scenario), ref))
     return [ref for _, ref in sorted(found, key=lambda f: f[0])]
 
 
-def _of_configuration(path: Path, fp: str, *, verify_files: bool = False) -> Record | None:
-    """The record at ``path`` if it is a readable golden of configuration ``fp``, else None."""
+def _of_configuration(path: Path, fp: str) -> Record | None:
+    """The record at ``path`` (tensor files not hashed) if it is a readable golden of configuration
+    ``fp``, else None."""
     try:
         stored = _manifest_json(path)
         if not isinstance(stored, dict) or stored.get("fingerprint") != fp:
             return None  # another configuration, or not a manifest at all
-        return _validated(path, stored, verify_files)  # its config must give that fingerprint
+        return _validated(path, stored, verify_files=False)  # its config must give that fingerprint
     except GoldenError:
         return None
 
@@ -440,11 +448,13 @@ def find(root: str | os.PathLike[str], scenario, platform: Mapping[str, str], *,
     if scenario.name != name:  # overridden on the command line
         # The scenario's own golden for this platform comes first among those of its configuration
         # (_same_configuration's order), so a prefix run (the suite's `[steps=8]`) need not search.
+        # Otherwise the search passes it over without reading it again.
         own = atomic.resolve(Path(root) / name / pid, MANIFEST_NAME)
-        rec = None if own is None else _of_configuration(own, fingerprint(config), verify_files=True)
+        rec = None if own is None else _of_configuration(own, fingerprint(config))
         if rec is not None:
+            _check_files(own, rec, verify_files=True)  # as load() does for the golden it returns
             return _exact(rec, platform), "exact"
-        same = _same_configuration(root, fingerprint(config), prefer=name, kind=kind)
+        same = _same_configuration(root, fingerprint(config), prefer=name, kind=kind, skip=own)
         mine = [r for r in same if r.platform_id == pid]
         if mine:
             return _exact(load(mine[0].path), platform), "exact"

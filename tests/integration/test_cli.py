@@ -52,9 +52,10 @@ def test_a_run_never_imports_torch_dynamo(tmp_path):
                     reason="needs Linux CPU affinity and 2 CPUs")
 def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
     """4 CPU ranks on 2 CPUs: each rank may run on one CPU, ranks 0 and 1 on the first, 2 and 3 on
-    the second (what every rank's own affinity says, in the report), and every thread of every rank, gloo's too, runs under
-    SCHED_BATCH (what the OS says of each thread at the rank's end); 2 ranks too, one per CPU; 8
-    ranks (4 a CPU) run under SCHED_BATCH but free to move; 1 rank is left alone."""
+    the second (what every rank's own affinity says, in the report), and every thread of every
+    rank, gloo's too, runs under SCHED_BATCH (what the OS says of each thread at the rank's end); 2
+    ranks too, one per CPU; 8 ranks (4 a CPU) run under SCHED_BATCH but free to move; 1 rank is
+    left alone."""
     two = sorted(os.sched_getaffinity(0))[:2]
     found, policies = {}, {}
     for world in (8, 4, 2, 1):

@@ -324,6 +324,12 @@ def test_damaged_tensor_file(tmp_path, damage):
     with pytest.raises(GoldenError, match="tensors_step_00003.safetensors") as e:
         golden.load(path)
     assert e.value.exit_code == 2
+    # a shorter run (an overridden scenario) takes this golden by another path: never unchecked
+    short = make_scenario({"name": "tiny[steps=2]", "world": 2, "steps": 2, "golden_tensor_steps": [0, -1]})
+    with pytest.raises(GoldenError) as e:
+        golden.find(tmp_path, short, FP)
+    if damage == "garbage":  # the manifest and the sizes check out: only the digest tells
+        assert "tensors_step_00003.safetensors does not match its digest" in str(e.value)
 
 
 def test_stored_tensor_that_disagrees_with_its_digest(tmp_path):
