@@ -23,6 +23,9 @@ def test_help_and_list():
     assert r.returncode == 0 and "run" in r.stdout and "golden" in r.stdout
     r = parity("list")
     assert r.returncode == 0 and "default" in r.stdout
+    # `python -m parity`, for a host where the package is on the path but its script is not installed
+    r = subprocess.run([sys.executable, "-m", "parity", "list"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "default" in r.stdout
 
 
 def test_no_command_and_bad_flag_exit_2():
