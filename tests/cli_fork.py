@@ -71,7 +71,7 @@ def _serve(path: str) -> None:
     while True:
         conn, _ = listener.accept()
         with conn:
-            req = json.loads(_recv_line(conn))
+            req = json.loads(_Lines(conn).next())
             pid = os.fork()
             if pid == 0:
                 listener.close()
@@ -130,14 +130,21 @@ def _text_stream(fd: int, unbuffered: bool, errors: str, line_buffering: bool) -
                             line_buffering=line_buffering, write_through=unbuffered)
 
 
-def _recv_line(conn: socket.socket) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ConnectionError("cli_fork: the other end closed")
-        buf += chunk
-    return buf
+class _Lines:
+    """The lines a socket brings, one at a time. One recv may hold more than one: a command that
+    exits at once has its pid and its exit code sent back to back."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn, self.buf = conn, b""
+
+    def next(self) -> bytes:
+        while b"\n" not in self.buf:
+            chunk = self.conn.recv(65536)  # a timeout here leaves what was read in buf
+            if not chunk:
+                raise ConnectionError("cli_fork: the other end closed")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,17 +199,18 @@ def run(args, *, env=None, timeout=300, cwd=None, fresh=False) -> subprocess.Com
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(server.path)
             conn.sendall((json.dumps(req) + "\n").encode())
-            pid = int(_recv_line(conn))
+            lines = _Lines(conn)
+            pid = int(lines.next())
             conn.settimeout(timeout)
             try:
-                code = int(_recv_line(conn))
+                code = int(lines.next())
             except socket.timeout:
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 conn.settimeout(None)
-                _recv_line(conn)
+                lines.next()
                 raise subprocess.TimeoutExpired(PARITY + args, timeout, _read(out), _read(err)) from None
         return subprocess.CompletedProcess(PARITY + args, code, _read(out), _read(err))
 

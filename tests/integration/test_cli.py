@@ -246,3 +246,18 @@ def test_a_reader_that_leaves_ends_the_command_quietly():
     p.stdout.close()  # before the command writes: its first flush meets a pipe without a reader
     err = p.stderr.read()
     assert p.wait(timeout=120) == 141 and err == b"", err
+
+
+def test_the_fork_helper_reads_a_pid_and_an_exit_code_that_arrive_together():
+    """tests/cli_fork.py: a command that exits at once has its pid and exit code sent back to back;
+    one recv may hold both lines (a reader that took the whole recv as one line failed on it)."""
+    import socket
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"27711\n2\n")
+        lines = cli_fork._Lines(b)
+        assert (lines.next(), lines.next()) == (b"27711", b"2")
+        a.sendall(b"0")
+        a.sendall(b"\n")
+        assert lines.next() == b"0"
