@@ -54,6 +54,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=40, help="tests to list (default 40)")
     args, rest = ap.parse_known_args()
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest):
+        print("suite_cpu: runs one test at a time by design; leave out -n", file=sys.stderr)
+        return 2
     with tempfile.NamedTemporaryFile("r", suffix=".tsv") as rec:
         env = {**os.environ, "PARITY_SUITE_CPU": rec.name,
                "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
