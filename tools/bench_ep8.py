@@ -1,6 +1,7 @@
 """Wall time of the world-8 EP-8 blockwise 30-step lockstep run on this machine, and the CPU time
 the whole machine spent meanwhile (busy core-seconds from /proc/stat, Linux; run it on an otherwise
-idle machine). Prints the numbers; asserts nothing. To compare two trees, run it in each, alternately.
+idle machine). Prints the numbers; asserts nothing. To compare two trees, `python tools/ab.py`
+runs them alternately.
 
     python tools/bench_ep8.py [--steps 30] [--recipe blockwise] [--repeat 1] [--golden check|off]
 """

@@ -20,15 +20,7 @@ import tempfile
 import time
 
 import pytest
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _busy_s() -> float:
-    """Seconds all CPUs together spent not idle since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / _TICK  # less idle and iowait
+from bench_ep8 import _busy_core_seconds as _busy_s  # tools/ is on the path: this script's folder
 
 
 class _Plugin:
@@ -38,7 +30,7 @@ class _Plugin:
         self.out = open(path, "a", buffering=1)
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item, nextitem):
+    def pytest_runtest_protocol(self, item):
         b0, w0 = _busy_s(), time.monotonic()
         yield
         self.out.write(f"{_busy_s() - b0:.2f}\t{time.monotonic() - w0:.2f}\t{item.nodeid}\n")
@@ -56,6 +48,9 @@ def main() -> int:
     args, rest = ap.parse_known_args()
     if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest):
         print("suite_cpu: runs one test at a time by design; leave out -n", file=sys.stderr)
+        return 2
+    if _busy_s() is None:
+        print("suite_cpu: needs Linux's /proc/stat", file=sys.stderr)
         return 2
     with tempfile.NamedTemporaryFile("r", suffix=".tsv") as rec:
         env = {**os.environ, "PARITY_SUITE_CPU": rec.name,
