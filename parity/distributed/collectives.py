@@ -7,10 +7,15 @@ local copy, on a group of one rank, so single-rank runs need no communicator tra
 Two things the raw ``torch.distributed`` calls do not give on every backend:
 
 - An uneven all-gather ("all-gather-v"). gloo refuses ``all_gather`` with different sizes, so
-  :func:`all_gather_uneven_into` issues one broadcast per group rank, in rank order, as PyTorch's NCCL
-  backend does for uneven ``all_gather``. Sizes are known to every rank and are not exchanged.
-  With ``async_op`` it returns one handle over all those broadcasts (:class:`WorkList`), so the
-  caller can overlap the gather with other work as it would a single collective.
+  :func:`all_gather_uneven_into` sends every rank's piece to every rank in one all-to-all on gloo,
+  and on NCCL issues one broadcast per group rank, in rank order, as PyTorch's NCCL backend does
+  for uneven ``all_gather``. Sizes are known to every rank and are not exchanged. With
+  ``async_op`` it returns one handle (:class:`WorkList`), so the caller can overlap the gather
+  with other work as it would a single collective.
+- Gathers on gloo in one exchange. gloo's all-gather is a ring of world - 1 dependent hops; with
+  more ranks than CPUs every hop waits for the scheduler. The even and uneven all-gathers
+  therefore run as one all-to-all on gloo (every rank sends its piece to every rank); a gather
+  only moves bytes, so the result is the same on any path.
 - FP8 data movement. gloo rejects float8 dtypes ("Invalid scalar type"), so the wrappers that only
   move bytes (all-gathers, all-to-all) send float8 tensors as ``uint8`` views. The bits
   arrive unchanged. Reductions on float8 are refused, as they are meaningless.
@@ -157,8 +162,9 @@ def all_gather_uneven_into(
     ``out_flat`` may be a view into a larger buffer (it is written in place), and ``send`` may
     already be this rank's slot of ``out_flat``.
 
-    Implementation: one broadcast rooted at each group rank, in group-rank order, skipping ranks
-    whose size is 0. Broadcasts only copy, so the result is bit-exact on any backend.
+    Implementation: on gloo one all-to-all (:func:`_gather_by_exchange`); otherwise one broadcast
+    rooted at each group rank, in group-rank order, skipping ranks whose size is 0. Both only
+    copy, so the result is bit-exact on any backend.
 
     Args:
         out_flat: 1-D contiguous receive buffer of ``sum(sizes)`` elements, dtype of ``send``.
@@ -197,6 +203,9 @@ def all_gather_uneven_into(
         return CompletedWork() if async_op else out_flat
 
     out_bytes = _bytes_if_float8(out_flat)
+    if _is_gloo(out_flat, group):
+        work = _gather_by_exchange(out_bytes, _bytes_if_float8(send), sizes, me, group)
+        return _handle([work], out_flat, async_op)
     works = []
     for root in range(world):
         if sizes[root] == 0:
@@ -204,11 +213,29 @@ def all_gather_uneven_into(
         slot = out_bytes[offsets[root] : offsets[root + 1]]
         # Issued asynchronously, in the same order on every rank.
         works.append(dist.broadcast(slot, src=dist.get_global_rank(group, root), group=group, async_op=True))
+    return _handle(works, out_flat, async_op)
+
+
+def _handle(works: list, out: torch.Tensor, async_op: bool):
     handle = WorkList(works)
     if async_op:
         return handle
     handle.wait()
-    return out_flat
+    return out
+
+
+def _is_gloo(t: torch.Tensor, group: dist.ProcessGroup) -> bool:
+    return t.device.type == "cpu" and dist.get_backend(group) == "gloo"
+
+
+def _gather_by_exchange(out: torch.Tensor, send: torch.Tensor, sizes: Sequence[int], me: int,
+                        group: dist.ProcessGroup):
+    """All-gather as one asynchronous all-to-all: this rank sends ``send`` to every group rank (itself
+    included) and receives ``sizes[i]`` elements from rank i into its slot of ``out``. The copies
+    of ``send`` are a new tensor, so ``send`` may be this rank's slot of ``out``."""
+    world = len(sizes)
+    return dist.all_to_all_single(out, send.repeat(world), output_split_sizes=list(sizes),
+                                  input_split_sizes=[sizes[me]] * world, group=group, async_op=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,8 +298,7 @@ def _ceil_div(a: int, b: int) -> int:
 def _on_gloo(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
     """Whether the sum of ``t`` over ``group`` may be exchanged and added here (fp32 and bf16 on
     gloo: the dtypes whose bits were checked against gloo's, tests/integration/test_gloo_sums.py)."""
-    return (t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
-            and dist.get_backend(_group(group)) == "gloo")
+    return t.dtype in (torch.float32, torch.bfloat16) and _is_gloo(t, _group(group))
 
 
 def ring_chunk_sizes(numel: int, world: int, element_size: int) -> list[int]:
@@ -371,6 +397,13 @@ def all_gather_into(
     if world == 1:
         _copy_unless_same(out, inp.view_as(out))
         return _done(async_op)
+    if _is_gloo(out, _group(group)) and out.is_contiguous():
+        work = _gather_by_exchange(_bytes_if_float8(out).view(-1), _bytes_if_float8(inp).reshape(-1),
+                                   [inp.numel()] * world, group_rank(group), _group(group))
+        if async_op:
+            return work
+        work.wait()
+        return None
     return _all_gather_single(
         _bytes_if_float8(out), _bytes_if_float8(inp), group=_group(group), async_op=async_op
     )

@@ -32,13 +32,16 @@ def _exchange(x, send_counts, recv_counts, group):
     return out
 
 
-def _exchange_counts(counts: list[int], group, device) -> list[int]:
-    if group is None:
-        return list(counts)
-    send = torch.tensor(counts, dtype=torch.int64, device=device)
-    recv = empty(send.shape, dtype=send.dtype, device=device)
-    all_to_all_single(recv, send, group=group)
-    return recv.tolist()
+def _exchange_counts(per_expert: torch.Tensor, ep_size: int, group) -> torch.Tensor:
+    """Tokens this rank sends to each expert [num_experts] -> tokens it receives from each source
+    rank for each of its experts [ep_size, experts per rank]: the dispatcher's only metadata
+    exchange. Rows arrive grouped by source rank, then by expert, so the receiver derives which
+    expert each row is for from these counts and no expert ids travel with the tokens."""
+    recv = per_expert
+    if group is not None:
+        recv = empty(per_expert.shape, dtype=per_expert.dtype, device=per_expert.device)
+        all_to_all_single(recv, per_expert, group=group)
+    return recv.view(ep_size, -1)
 
 
 class SwiGLU(nn.Module):
@@ -92,12 +95,14 @@ class MoE(nn.Module):
         order = torch.argsort(expert_of * (T * k) + torch.arange(T * k, device=h.device))
         tokens = torch.div(order, k, rounding_mode="floor")
         sorted_experts = expert_of[order]
-        dest = torch.div(sorted_experts, self.per_rank, rounding_mode="floor")
-        send_counts = torch.bincount(dest, minlength=self.ep_size).tolist()
-        recv_counts = _exchange_counts(send_counts, self.ep_group, h.device)
+        per_expert = torch.bincount(sorted_experts, minlength=self.num_experts)
+        received = _exchange_counts(per_expert, self.ep_size, self.ep_group)  # [source rank, local expert]
+        send_counts = per_expert.view(self.ep_size, self.per_rank).sum(1).tolist()
+        recv_counts = received.sum(1).tolist()
 
         x = _AllToAll.apply(h[tokens], send_counts, recv_counts, self.ep_group)
-        ids = _exchange(sorted_experts.unsqueeze(1), send_counts, recv_counts, self.ep_group).squeeze(1)
+        local = torch.arange(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank, device=h.device)
+        ids = torch.repeat_interleave(local.repeat(received.shape[0]), received.reshape(-1))
 
         # Each local expert sees its rows in (source rank, token) order: deterministic on every rank.
         pieces, where = [], []
