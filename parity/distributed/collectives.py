@@ -46,6 +46,8 @@ __all__ = [
     "all_gather_uneven_into",
     "all_reduce_sum",
     "all_to_all_single",
+    "barrier",
+    "broadcast_object",
     "group_rank",
     "group_size",
     "reduce_scatter_sum",
@@ -441,3 +443,18 @@ def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj, group=_group(group))
     return out
+
+
+def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
+    """Group rank ``src``'s picklable ``obj`` on every rank (the others' ``obj`` is ignored)."""
+    if group_size(group) == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(_group(group), src), group=_group(group))
+    return box[0]
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    """Wait until every rank of ``group`` has reached this call."""
+    if group_size(group) > 1:
+        dist.barrier(group=_group(group))

@@ -381,8 +381,7 @@ class TorchrunJob:
                                 wait_for_workers=False)
         except Exception as exc:
             raise self._lost(f"cannot reach it ({type(exc).__name__}: {exc})") from None
-        self._tcp = tcp
-        self.store = dist.PrefixStore(self.prefix, tcp)
+        self.store = dist.PrefixStore(self.prefix, tcp)  # holds the TCPStore (and its server on rank 0)
         """The job's store, under :attr:`prefix`."""
         self._seq = 0
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.distributed as dist
 
-from parity.distributed.collectives import all_gather_into, all_gather_object
+from parity.distributed.collectives import all_gather_into, all_gather_object, all_reduce_sum
 from parity.distributed.groups import build_groups
 from parity.harness import golden
 from parity.harness.compare import compare_tensors
@@ -584,7 +584,7 @@ def _any_rank(flag: bool, device) -> bool:
     """True on every rank when ``flag`` is true on any (a divergence can be rank-local: an expert
     lives on one EP rank only)."""
     t = torch.tensor([int(bool(flag))], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    all_reduce_sum(t)
     return bool(t.item())
 
 

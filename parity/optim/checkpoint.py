@@ -54,6 +54,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from parity.distributed.collectives import all_gather_object, barrier, broadcast_object
 from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
 from parity.vocab import Fault
@@ -177,9 +178,7 @@ def _state_keys(stack) -> list[str]:
             mine |= {k for k, v in do.optimizer.state.get(pc.master, {}).items() if torch.is_tensor(v)}
     groups = {id(buf.group): buf for buf in do.buffers if buf.dp > 1}
     for buf in groups.values():
-        all_keys = [None] * buf.dp
-        dist.all_gather_object(all_keys, sorted(mine), group=buf.group)
-        mine = set().union(*map(set, all_keys))
+        mine = set().union(*map(set, all_gather_object(sorted(mine), buf.group)))
     return sorted(mine)
 
 
@@ -365,20 +364,19 @@ def save(path: str, state: dict, manifest: dict) -> dict:
     path = os.path.abspath(path)
     rank = dist.get_rank()
     t0 = time.perf_counter()
-    box = [None]
+    tmp = None
     if rank == 0:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            box[0] = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.partial-")
+            tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.partial-")
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(box[0], 0o777 & ~umask)  # mkdtemp's 0700 would make the published checkpoint private
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the published checkpoint private
         except OSError as e:
-            box[0] = OSError(f"cannot create a checkpoint next to {path}: {e.strerror or e}")
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], Exception):
-        raise CheckpointError(str(box[0]))
-    tmp = box[0]
+            tmp = OSError(f"cannot create a checkpoint next to {path}: {e.strerror or e}")
+    tmp = broadcast_object(tmp)
+    if isinstance(tmp, Exception):
+        raise CheckpointError(str(tmp))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -390,25 +388,25 @@ def save(path: str, state: dict, manifest: dict) -> dict:
         # DCP raises on every rank; none may raise (and get the run torn down) before the partial
         # directory is gone.
         try:
-            dist.barrier()
+            barrier()
         except Exception:
             pass
         raise CheckpointError(f"checkpoint save failed: {_dcp_reason(e)}") from None
-    outcome = [None]
+    outcome = None
     if rank == 0:
         try:
             files = {n: _file_entry(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
             _write_marker(tmp, {**manifest, "format": FORMAT, "files": files})
             _publish(tmp, path)
-            outcome[0] = {"bytes": sum(s for s, _ in files.values()), "files": len(files),
-                          "write_s": t_written - t0, "marker_s": time.perf_counter() - t_written}
+            outcome = {"bytes": sum(s for s, _ in files.values()), "files": len(files),
+                       "write_s": t_written - t0, "marker_s": time.perf_counter() - t_written}
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            outcome[0] = f"cannot finish the checkpoint at {path}: {e.strerror or e}"
-    dist.broadcast_object_list(outcome, src=0)
-    if isinstance(outcome[0], str):
-        raise CheckpointError(outcome[0])
-    return {**outcome[0], "seconds": time.perf_counter() - t0}
+            outcome = f"cannot finish the checkpoint at {path}: {e.strerror or e}"
+    outcome = broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise CheckpointError(outcome)
+    return {**outcome, "seconds": time.perf_counter() - t0}
 
 
 def _dcp_reason(e: BaseException) -> str:

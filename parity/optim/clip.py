@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
+from parity.distributed.collectives import all_reduce_sum
 from parity.model import is_expert_param
 from parity.optim.numerics import ieee_sqrt
 from parity.vocab import Fault
@@ -65,8 +65,7 @@ def held_grads(layerwise, distopt) -> list[torch.Tensor]:
 
 def _sum_over(value: torch.Tensor, groups) -> torch.Tensor:
     for g in groups:
-        if dist.get_world_size(g) > 1:
-            dist.all_reduce(value, group=g)
+        all_reduce_sum(value, g)
     return value
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parity.distributed.collectives import all_gather_into
 from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
 from parity.optim.adam import Adam
@@ -95,7 +96,7 @@ class DistributedOptimizer:
         full = send
         if buf.dp > 1:
             full = empty(b.numel, dtype=torch.bfloat16, device=send.device)
-            dist.all_gather_into_tensor(full, send, group=buf.group)
+            all_gather_into(full, send, buf.group)
         if Fault.DISTOPT_FP8_NOT_REQUANTIZED in self.faults:
             return  # the gathered values never reach the FP8 bytes
         for p in b.params:
