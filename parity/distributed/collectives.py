@@ -23,7 +23,9 @@ Two things the raw ``torch.distributed`` calls do not give on every backend:
   way) is a ring of 2 x (world - 1) dependent hops; with more ranks than CPUs every hop waits for
   the scheduler. :func:`all_reduce_sum` (small tensors) and :func:`reduce_scatter_sum` therefore
   exchange the contributions in one all-to-all and add them here, in the ring's own order
-  (docs/spec/platform.md s1.1), so the bits are gloo's. On NCCL the native collectives run.
+  (docs/spec/platform.md s1.1), so the bits are gloo's. Large all-reduces on 8 ranks or more
+  run as two such exchanges instead (a reduce-scatter, then an all-gather of the sums), which
+  move as little data as the ring. On NCCL the native collectives run.
 """
 
 from __future__ import annotations
@@ -253,9 +255,12 @@ def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None = None, asyn
         return _done(async_op)
     # Fewer elements than 2 x world stay on gloo's ring: there it was the faster of the two (the
     # bits are the same; 1 element at world 8: 0.7-0.8 ms a call against 1.2-1.4 ms, measurements.md).
-    small = 2 * world <= t.numel() and t.numel() * t.element_size() <= EXCHANGE_MAX_BYTES
-    if small and t.is_contiguous() and _on_gloo(t, group):
-        return _exchange_and_sum(t.view(-1), t.view(-1).expand(world, -1), 0, t.numel(), group, async_op)
+    if 2 * world <= t.numel() and t.is_contiguous() and _on_gloo(t, group):
+        nbytes = t.numel() * t.element_size()
+        if world >= SPLIT_MIN_WORLD and nbytes >= SPLIT_MIN_BYTES:
+            return _split_exchange_and_sum(t.view(-1), group, async_op)
+        if nbytes <= EXCHANGE_MAX_BYTES:
+            return _exchange_and_sum(t.view(-1), t.view(-1).expand(world, -1), 0, t.numel(), group, async_op)
     return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_group(group), async_op=async_op)
 
 
@@ -289,6 +294,15 @@ larger one runs gloo's ring, which moves less data per rank. The bits are the sa
 Measured with tools/bench_collectives.py on 2 CPUs (docs/measurements.md): the exchange is 1.1-5x
 faster up to 16384 fp32 elements at worlds 2, 4 and 8, 1.0-3x at 32768, and slower from 65536 at
 worlds 4 and 8."""
+
+SPLIT_MIN_WORLD = 8
+SPLIT_MIN_BYTES = 64 << 10
+"""From this group size and tensor size up, the all-reduce runs as two exchanges (a reduce-scatter,
+then an all-gather of the sums: :func:`_split_exchange_and_sum`): every rank then sends about
+twice its tensor, as on the ring, in two hops instead of the ring's 2 x (world - 1). Measured on
+2 CPUs at world 8 (docs/measurements.md, nineteenth session): 3.0-3.5 ms wall and 5.4-6.8 ms CPU a
+call for 16384-65536 fp32 elements, against 3.8-4.1 / 7.1-7.7 on the ring and 3.4-9.7 / 6.4-18.7
+by the single exchange; at worlds 2 and 4 it was the slowest of the three."""
 
 _GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo's largest ring message
 
@@ -383,6 +397,31 @@ def _exchange_and_sum(out, send_rows, start: int, numel: int, group, async_op: b
     send = send_rows.contiguous()
     work = dist.all_to_all_single(recv, send, group=_group(group), async_op=async_op)
     handle = _SumOnWait(work if async_op else CompletedWork(), lambda: _ring_sum_into(out, recv, start, numel))
+    if async_op:
+        return handle
+    handle.wait()
+    return None
+
+
+def _split_exchange_and_sum(flat: torch.Tensor, group, async_op: bool):
+    """All-reduce of ``flat`` as a reduce-scatter and an all-gather, one all-to-all each: group
+    rank r receives every rank's elements of the ring's chunk r, adds them in the ring's order and
+    sends the sums to every rank. The all-gather starts when the handle is waited for."""
+    g = _group(group)
+    world, me = dist.get_world_size(g), dist.get_rank(g)
+    numel = flat.numel()
+    sizes = ring_chunk_sizes(numel, world, flat.element_size())
+    start, mine = sum(sizes[:me]), sizes[me]
+    recv = empty((world * mine,), dtype=flat.dtype, device=flat.device)
+    work = dist.all_to_all_single(recv, flat, output_split_sizes=[mine] * world, input_split_sizes=sizes,
+                                  group=g, async_op=True)
+
+    def finish():
+        sums = empty((mine,), dtype=flat.dtype, device=flat.device)
+        _ring_sum_into(sums, recv.view(world, mine), start, numel)
+        _gather_by_exchange(flat, sums, sizes, me, g).wait()
+
+    handle = _SumOnWait(work, finish)
     if async_op:
         return handle
     handle.wait()

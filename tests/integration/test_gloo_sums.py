@@ -54,6 +54,11 @@ def _rank_sums(ctx) -> dict:
             exchanged = isinstance(h, C._SumOnWait)
             h.wait()
             out[f"ar-async/{dtype}/{n}"] = (_bits(x), h.is_completed(), exchanged)
+            if 2 * world <= n:  # the two-exchange all-reduce, whatever the sizes it is chosen for
+                split = _inputs(r, n, dtype, n)
+                h = C._split_exchange_and_sum(split, None, async_op=True)
+                h.wait()
+                out[f"split/{dtype}/{n}"] = (_bits(split), _bits(native))
         for n in RS_SIZES:
             x = _inputs(r, n * world, dtype, n + 1)
             native = torch.empty(n, dtype=dtype)
@@ -88,6 +93,9 @@ def test_sums_have_gloos_bits(per_rank, op, sizes):
                 nbytes = n * torch.tensor([], dtype=dtype).element_size()
                 want = op == "rs" or (2 * world <= n and nbytes <= C.EXCHANGE_MAX_BYTES)
                 assert exchanged == want, f"rank {r}, {dtype}, {n}: exchange ran: {exchanged}"
+                if op == "ar" and 2 * world <= n:
+                    split, native = seen[f"split/{dtype}/{n}"]
+                    assert split == native, f"rank {r}, {dtype}, {n}, split exchange"
 
 
 def test_the_sums_depend_on_the_order():
