@@ -15,6 +15,7 @@ from parity.distributed.collectives import (
     all_gather_into,
     all_reduce_sum,
     reduce_scatter_sum,
+    sums_coalesced,
 )
 from parity.model import is_quantized_param
 from parity.vocab import Fault
@@ -161,21 +162,26 @@ class BucketGroup:
         return id(p) in self._param_set
 
     # -- gradients -------------------------------------------------------------------------
-    def start_grad_sync(self, async_op: bool = False):
-        handles, outs = [], []
+    def _scaled_reductions(self) -> tuple[list, list]:
+        """Scale every bucket's grads by 1/dp; returns the reductions they need: the grads to
+        all-reduce and the (bucket, output shard) pairs to reduce-scatter into (none when dp == 1)."""
+        all_reduce, reduce_scatter = [], []
         for b in self.buckets:
             b.grad_data.mul_(self.scaling)
             if self.dp == 1:
                 continue
             if self.use_distributed_optimizer:
-                shard = b.numel // self.dp
-                out = empty(shard, dtype=b.grad_data.dtype, device=b.grad_data.device)
-                h = reduce_scatter_sum(out, b.grad_data, self.group, async_op=async_op)
-                outs.append((b, out))
+                out = empty(b.numel // self.dp, dtype=b.grad_data.dtype, device=b.grad_data.device)
+                reduce_scatter.append((b, out))
             else:
-                h = all_reduce_sum(b.grad_data, self.group, async_op=async_op)
-            handles.append(h)
-        self.grad_handles, self.rs_outputs = handles, outs
+                all_reduce.append(b.grad_data)
+        return all_reduce, reduce_scatter
+
+    def start_grad_sync(self, async_op: bool = False):
+        all_reduce, reduce_scatter = self._scaled_reductions()
+        handles = [all_reduce_sum(t, self.group, async_op=async_op) for t in all_reduce]
+        handles += [reduce_scatter_sum(out, b.grad_data, self.group, async_op=async_op) for b, out in reduce_scatter]
+        self.grad_handles, self.rs_outputs = handles, reduce_scatter
 
     def finish_grad_sync(self):
         if self.grad_handles is None:
@@ -278,6 +284,23 @@ class BucketGroup:
 def _keep_payload(faults, source) -> bool:
     return (Fault.GATHER_PAYLOAD_NOT_ZEROED in faults
             or (source == FORCE_SYNC and Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED in faults))
+
+
+def start_grad_syncs_coalesced(groups: list[BucketGroup]) -> None:
+    """The grad reductions of ``groups`` (none in flight: no overlap), coalesced per process
+    group (:func:`parity.distributed.collectives.sums_coalesced`), as a group call coalesces
+    NCCL collectives. Every bucket keeps the bits of its own collective; ``finish_grad_sync``
+    then finds them done."""
+    by_group: dict[int, tuple] = {}
+    for g in groups:
+        all_reduce, reduce_scatter = g._scaled_reductions()
+        g.grad_handles, g.rs_outputs = [], reduce_scatter
+        if all_reduce or reduce_scatter:
+            pg, ar, rs = by_group.setdefault(id(g.group), (g.group, [], []))
+            ar += all_reduce
+            rs += [(out, b.grad_data) for b, out in reduce_scatter]
+    for pg, ar, rs in by_group.values():
+        sums_coalesced(ar, rs, pg)
 
 
 def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool = False,

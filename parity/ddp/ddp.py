@@ -14,6 +14,7 @@ from parity.ddp.buffers import (
     BufferConfig,
     ParamAndGradBuffer,
     partition_buckets,
+    start_grad_syncs_coalesced,
 )
 from parity.ddp.config import DDPConfig
 from parity.ddp.layout import (
@@ -108,12 +109,9 @@ class DDP:
         finally:
             self.is_last_microbatch = True
 
-    def start_grad_sync(self):
-        for g in self.bucket_groups:
-            if g.grad_handles is None:
-                g.start_grad_sync(async_op=False)
-
     def finish_grad_sync(self):
+        # Without overlap no group has started: all their reductions go out coalesced.
+        start_grad_syncs_coalesced([g for g in self.bucket_groups if g.grad_handles is None])
         for g in self.bucket_groups:
             g.finish_grad_sync()
 

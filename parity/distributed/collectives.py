@@ -54,6 +54,7 @@ __all__ = [
     "group_size",
     "reduce_scatter_sum",
     "ring_chunk_sizes",
+    "sums_coalesced",
 ]
 
 # torch 2.13 renamed the single-tensor collectives; keep working on the older names (torch 2.11).
@@ -426,6 +427,67 @@ def _split_exchange_and_sum(flat: torch.Tensor, group, async_op: bool):
         return handle
     handle.wait()
     return None
+
+
+def sums_coalesced(all_reduce: Sequence[torch.Tensor], reduce_scatter: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   group: dist.ProcessGroup | None = None) -> None:
+    """Several sums over one group at once: every tensor of ``all_reduce`` is all-reduced in
+    place, and for every ``(out, inp)`` of ``reduce_scatter`` this rank's chunk of the sum of
+    ``inp`` lands in ``out``; each with the bits its own :func:`all_reduce_sum` or
+    :func:`reduce_scatter_sum` gives.
+
+    On gloo, when all of them share one float dtype, they take two exchanges in all (as a group
+    call coalesces NCCL collectives): one all-to-all brings this rank every rank's elements of
+    the chunk it sums for each of them (its chunk of the ring for an all-reduce, its shard for a
+    reduce-scatter), it adds each in that collective's ring order, and one more all-to-all sends
+    the all-reduced chunks to every rank. Elsewhere, and for all-reduces of fewer than 2 x group
+    size elements, one collective each."""
+    world = group_size(group)
+    ar = [t for t in all_reduce if 2 * world <= t.numel()]
+    jobs = list(ar) + [inp for _, inp in reduce_scatter]
+    coalesce = (world > 1 and jobs and all(t.is_contiguous() and t.dtype == jobs[0].dtype for t in jobs)
+                and _on_gloo(jobs[0], group) and all(o.is_contiguous() for o, _ in reduce_scatter))
+    if not coalesce:
+        for t in all_reduce:
+            all_reduce_sum(t, group)
+        for out, inp in reduce_scatter:
+            reduce_scatter_sum(out, inp, group)
+        return
+    for t in all_reduce:
+        if 2 * world > t.numel():
+            all_reduce_sum(t, group)  # gloo's own ring, as all_reduce_sum does
+    g = _group(group)
+    me = dist.get_rank(g)
+    # (flat tensor, element offset of every rank's piece, piece lengths, where this rank's sums go)
+    plans = []
+    for t in ar:
+        sizes = ring_chunk_sizes(t.numel(), world, t.element_size())
+        plans.append((t.view(-1), [sum(sizes[:j]) for j in range(world)], sizes, None))
+    for out, inp in reduce_scatter:
+        n = out.numel()
+        plans.append((inp.view(-1), [j * n for j in range(world)], [n] * world, out.view(-1)))
+    send = torch.cat([flat[off[j]:off[j] + size[j]] for j in range(world) for flat, off, size, _ in plans])
+    mine = [size[me] for _, _, size, _ in plans]
+    recv = empty((world * sum(mine),), dtype=send.dtype, device=send.device)
+    dist.all_to_all_single(recv, send, output_split_sizes=[sum(mine)] * world,
+                           input_split_sizes=[sum(size[j] for _, _, size, _ in plans) for j in range(world)], group=g)
+    rows = recv.view(world, sum(mine))
+    sums = empty((sum(mine[:len(ar)]),), dtype=send.dtype, device=send.device)
+    col = 0
+    for i, (flat, off, size, out) in enumerate(plans):
+        dst = sums[col:col + size[me]] if out is None else out
+        _ring_sum_into(dst, rows[:, col:col + size[me]], off[me], flat.numel())
+        col += size[me]
+    if not ar:
+        return
+    lengths = [sum(size[j] for _, _, size, _ in plans[:len(ar)]) for j in range(world)]
+    gathered = empty((sum(lengths),), dtype=sums.dtype, device=sums.device)
+    _gather_by_exchange(gathered, sums, lengths, me, g).wait()
+    pos = 0
+    for j in range(world):
+        for flat, off, size, _ in plans[:len(ar)]:
+            flat[off[j]:off[j] + size[j]].copy_(gathered[pos:pos + size[j]])
+            pos += size[j]
 
 
 def all_gather_into(

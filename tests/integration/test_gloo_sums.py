@@ -71,7 +71,31 @@ def _rank_sums(ctx) -> dict:
             exchanged = isinstance(h, C._SumOnWait)
             h.wait()
             out[f"rs-async/{dtype}/{n}"] = (_bits(later), h.is_completed(), exchanged)
+    # several sums at once (the DDP's unoverlapped grad reductions): each with its own bits
+    for dtype in INT_VIEW:
+        ars = [_inputs(r, n, dtype, n + 7) for n in AR_SIZES]
+        rss = [(torch.empty(n, dtype=dtype), _inputs(r, n * world, dtype, n + 11)) for n in RS_SIZES[:4]]
+        native = [t.clone() for t in ars]
+        for t in native:
+            dist.all_reduce(t)
+        native_rs = []
+        for shard, inp in rss:
+            o = torch.empty_like(shard)
+            C._reduce_scatter_single(o, inp.clone())
+            native_rs.append(o)
+        C.sums_coalesced(ars, rss, None)
+        out[f"coalesced/{dtype}"] = ([_bits(t) for t in ars] + [_bits(o) for o, _ in rss],
+                                     [_bits(t) for t in native] + [_bits(o) for o in native_rs])
     return out
+
+
+def test_coalesced_sums_have_each_collectives_bits(per_rank):
+    for r, seen in enumerate(per_rank):
+        for dtype in INT_VIEW:
+            mine, native = seen[f"coalesced/{dtype}"]
+            assert len(mine) == len(AR_SIZES) + 4
+            for i, (a, b) in enumerate(zip(mine, native)):
+                assert a == b, f"rank {r}, {dtype}, tensor {i}"
 
 
 @pytest.fixture(scope="module", params=[3, 4], ids=lambda w: f"world{w}")
