@@ -440,12 +440,13 @@ def sums_coalesced(all_reduce: Sequence[torch.Tensor], reduce_scatter: Sequence[
     call coalesces NCCL collectives): one all-to-all brings this rank every rank's elements of
     the chunk it sums for each of them (its chunk of the ring for an all-reduce, its shard for a
     reduce-scatter), it adds each in that collective's ring order, and one more all-to-all sends
-    the all-reduced chunks to every rank. Elsewhere, and for all-reduces of fewer than 2 x group
+    the all-reduced chunks to every rank. Elsewhere, on two ranks (whose ring is one exchange each
+    way already: coalescing measured slower there), and for all-reduces of fewer than 2 x group
     size elements, one collective each."""
     world = group_size(group)
     ar = [t for t in all_reduce if 2 * world <= t.numel()]
     jobs = list(ar) + [inp for _, inp in reduce_scatter]
-    coalesce = (world > 1 and jobs and all(t.is_contiguous() and t.dtype == jobs[0].dtype for t in jobs)
+    coalesce = (world > 2 and jobs and all(t.is_contiguous() and t.dtype == jobs[0].dtype for t in jobs)
                 and _on_gloo(jobs[0], group) and all(o.is_contiguous() for o, _ in reduce_scatter))
     if not coalesce:
         for t in all_reduce:
