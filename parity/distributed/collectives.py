@@ -303,7 +303,7 @@ then an all-gather of the sums: :func:`_split_exchange_and_sum`): every rank the
 twice its tensor, as on the ring, in two hops instead of the ring's 2 x (world - 1). Measured on
 2 CPUs at world 8 (docs/measurements.md, nineteenth session): 3.0-3.5 ms wall and 5.4-6.8 ms CPU a
 call for 16384-65536 fp32 elements, against 3.8-4.1 / 7.1-7.7 on the ring and 3.4-9.7 / 6.4-18.7
-by the single exchange; at worlds 2 and 4 it was the slowest of the three."""
+by the single exchange; at worlds 2 and 4 it was never the cheapest of the three."""
 
 _GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo's largest ring message
 
