@@ -475,7 +475,7 @@ def sums_coalesced(all_reduce: Sequence[torch.Tensor], reduce_scatter: Sequence[
     rows = recv.view(world, sum(mine))
     sums = empty((sum(mine[:len(ar)]),), dtype=send.dtype, device=send.device)
     col = 0
-    for i, (flat, off, size, out) in enumerate(plans):
+    for flat, off, size, out in plans:
         dst = sums[col:col + size[me]] if out is None else out
         _ring_sum_into(dst, rows[:, col:col + size[me]], off[me], flat.numel())
         col += size[me]
