@@ -184,8 +184,8 @@ class BucketGroup:
         self.grad_handles, self.rs_outputs = handles, reduce_scatter
 
     def finish_grad_sync(self):
-        if self.grad_handles is None:
-            self.start_grad_sync(async_op=False)
+        """Wait for this group's reductions (started by the backward hooks under overlap, else
+        by :func:`start_grad_syncs_coalesced`), then place the reduce-scattered shards."""
         for h in self.grad_handles:
             if h is not None:
                 h.wait()

@@ -405,24 +405,9 @@ def _exchange_and_sum(out, send_rows, start: int, numel: int, group, async_op: b
 
 
 def _split_exchange_and_sum(flat: torch.Tensor, group, async_op: bool):
-    """All-reduce of ``flat`` as a reduce-scatter and an all-gather, one all-to-all each: group
-    rank r receives every rank's elements of the ring's chunk r, adds them in the ring's order and
-    sends the sums to every rank. The all-gather starts when the handle is waited for."""
-    g = _group(group)
-    world, me = dist.get_world_size(g), dist.get_rank(g)
-    numel = flat.numel()
-    sizes = ring_chunk_sizes(numel, world, flat.element_size())
-    start, mine = sum(sizes[:me]), sizes[me]
-    recv = empty((world * mine,), dtype=flat.dtype, device=flat.device)
-    work = dist.all_to_all_single(recv, flat, output_split_sizes=[mine] * world, input_split_sizes=sizes,
-                                  group=g, async_op=True)
-
-    def finish():
-        sums = empty((mine,), dtype=flat.dtype, device=flat.device)
-        _ring_sum_into(sums, recv.view(world, mine), start, numel)
-        _gather_by_exchange(flat, sums, sizes, me, g).wait()
-
-    handle = _SumOnWait(work, finish)
+    """All-reduce of ``flat`` as a reduce-scatter and an all-gather, one all-to-all each
+    (:func:`_chunk_exchange`). The all-gather starts when the handle is waited for."""
+    handle = _chunk_exchange([flat], [], group)
     if async_op:
         return handle
     handle.wait()
@@ -436,16 +421,13 @@ def sums_coalesced(all_reduce: Sequence[torch.Tensor], reduce_scatter: Sequence[
     ``inp`` lands in ``out``; each with the bits its own :func:`all_reduce_sum` or
     :func:`reduce_scatter_sum` gives.
 
-    On gloo, when all of them share one float dtype, they take two exchanges in all (as a group
-    call coalesces NCCL collectives): one all-to-all brings this rank every rank's elements of
-    the chunk it sums for each of them (its chunk of the ring for an all-reduce, its shard for a
-    reduce-scatter), it adds each in that collective's ring order, and one more all-to-all sends
-    the all-reduced chunks to every rank. Elsewhere, on two ranks (whose ring is one exchange each
-    way already: coalescing measured slower there), and for all-reduces of fewer than 2 x group
-    size elements, one collective each."""
+    On gloo, when all of them share one float dtype, they take two exchanges in all
+    (:func:`_chunk_exchange`), as a group call coalesces NCCL collectives. Elsewhere, on two
+    ranks (whose ring is one exchange each way already: coalescing measured slower there), and
+    for all-reduces of fewer than 2 x group size elements, one collective each."""
     world = group_size(group)
     ar = [t for t in all_reduce if 2 * world <= t.numel()]
-    jobs = list(ar) + [inp for _, inp in reduce_scatter]
+    jobs = ar + [inp for _, inp in reduce_scatter]
     coalesce = (world > 2 and jobs and all(t.is_contiguous() and t.dtype == jobs[0].dtype for t in jobs)
                 and _on_gloo(jobs[0], group) and all(o.is_contiguous() for o, _ in reduce_scatter))
     if not coalesce:
@@ -457,38 +439,55 @@ def sums_coalesced(all_reduce: Sequence[torch.Tensor], reduce_scatter: Sequence[
     for t in all_reduce:
         if 2 * world > t.numel():
             all_reduce_sum(t, group)  # gloo's own ring, as all_reduce_sum does
+    _chunk_exchange([t.view(-1) for t in ar], [(o.view(-1), i.view(-1)) for o, i in reduce_scatter], group).wait()
+
+
+def _chunk_exchange(all_reduce: list, reduce_scatter: list, group) -> "_SumOnWait":
+    """Sums by chunks, gloo's bits: group rank r sums chunk r of every tensor (its chunk of the
+    ring for an all-reduce, its shard for a reduce-scatter). One all-to-all, launched here, brings
+    it every rank's elements of those chunks; waiting on the handle adds each chunk in its
+    collective's ring order, writes the reduce-scatter shards, and sends the all-reduced chunks to
+    every rank in a second all-to-all. All tensors are flat, contiguous and of one dtype."""
     g = _group(group)
-    me = dist.get_rank(g)
-    # (flat tensor, element offset of every rank's piece, piece lengths, where this rank's sums go)
+    world, me = dist.get_world_size(g), dist.get_rank(g)
+    # (flat tensor, element offset of every rank's chunk, chunk lengths, where this rank's sums go)
     plans = []
-    for t in ar:
+    for t in all_reduce:
         sizes = ring_chunk_sizes(t.numel(), world, t.element_size())
-        plans.append((t.view(-1), [sum(sizes[:j]) for j in range(world)], sizes, None))
+        plans.append((t, [sum(sizes[:j]) for j in range(world)], sizes, None))
     for out, inp in reduce_scatter:
         n = out.numel()
-        plans.append((inp.view(-1), [j * n for j in range(world)], [n] * world, out.view(-1)))
+        plans.append((inp, [j * n for j in range(world)], [n] * world, out))
     send = torch.cat([flat[off[j]:off[j] + size[j]] for j in range(world) for flat, off, size, _ in plans])
-    mine = [size[me] for _, _, size, _ in plans]
-    recv = empty((world * sum(mine),), dtype=send.dtype, device=send.device)
-    dist.all_to_all_single(recv, send, output_split_sizes=[sum(mine)] * world,
-                           input_split_sizes=[sum(size[j] for _, _, size, _ in plans) for j in range(world)], group=g)
-    rows = recv.view(world, sum(mine))
-    sums = empty((sum(mine[:len(ar)]),), dtype=send.dtype, device=send.device)
-    col = 0
-    for flat, off, size, out in plans:
-        dst = sums[col:col + size[me]] if out is None else out
-        _ring_sum_into(dst, rows[:, col:col + size[me]], off[me], flat.numel())
-        col += size[me]
-    if not ar:
-        return
-    lengths = [sum(size[j] for _, _, size, _ in plans[:len(ar)]) for j in range(world)]
-    gathered = empty((sum(lengths),), dtype=sums.dtype, device=sums.device)
-    _gather_by_exchange(gathered, sums, lengths, me, g).wait()
-    pos = 0
-    for j in range(world):
-        for flat, off, size, _ in plans[:len(ar)]:
-            flat[off[j]:off[j] + size[j]].copy_(gathered[pos:pos + size[j]])
-            pos += size[j]
+    mine = sum(size[me] for _, _, size, _ in plans)
+    recv = empty((world * mine,), dtype=send.dtype, device=send.device)
+    work = dist.all_to_all_single(recv, send, output_split_sizes=[mine] * world, group=g, async_op=True,
+                                  input_split_sizes=[sum(size[j] for _, _, size, _ in plans) for j in range(world)])
+    gathered_plans = plans[:len(all_reduce)]
+
+    def finish():
+        rows = recv.view(world, mine)
+        sums = empty((sum(size[me] for _, _, size, _ in gathered_plans),), dtype=send.dtype, device=send.device)
+        col = 0
+        for flat, off, size, out in plans:
+            dst = sums[col:col + size[me]] if out is None else out
+            _ring_sum_into(dst, rows[:, col:col + size[me]], off[me], flat.numel())
+            col += size[me]
+        if not gathered_plans:
+            return
+        lengths = [sum(size[j] for _, _, size, _ in gathered_plans) for j in range(world)]
+        if len(gathered_plans) == 1:  # its chunks, in rank order, are the tensor itself
+            _gather_by_exchange(gathered_plans[0][0], sums, lengths, me, g).wait()
+            return
+        gathered = empty((sum(lengths),), dtype=sums.dtype, device=sums.device)
+        _gather_by_exchange(gathered, sums, lengths, me, g).wait()
+        pos = 0
+        for j in range(world):
+            for flat, off, size, _ in gathered_plans:
+                flat[off[j]:off[j] + size[j]].copy_(gathered[pos:pos + size[j]])
+                pos += size[j]
+
+    return _SumOnWait(work, finish)
 
 
 def all_gather_into(
