@@ -2,8 +2,16 @@ import os
 import socket
 
 import pytest
+import threadpoolctl
 import torch
 import torch.distributed as dist
+
+# Every test process computes on one thread, as every rank does (parity.distributed.determinism):
+# the two xdist workers share 2 CPUs, and an idle pool thread of torch's OpenMP or of numpy's
+# OpenBLAS spins on a CPU the other worker needs. Measured on a 12-step in-process stack: numpy's
+# second BLAS thread doubled the test's CPU time (6.9 -> 3.0 CPU-s) and cost 15% of its wall.
+torch.set_num_threads(1)
+threadpoolctl.threadpool_limits(1, user_api="blas")
 
 
 def _free_port():
@@ -19,17 +27,8 @@ def single_rank():
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(_free_port())
         dist.init_process_group("gloo", rank=0, world_size=1)
-        torch.set_num_threads(1)
     yield
 
-
-@pytest.fixture
-def one_intra_op_thread():
-    """Small tensors: one intra-op thread is much faster, above all with xdist workers on 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # The suite's longest single test first, then every other multi-rank (`slow`) case, the unit tests

@@ -42,7 +42,7 @@ def uninterrupted_and_resumed(tmp_path, k=2, **kw):
 
 
 @pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])
-def test_resumed_run_equals_the_uninterrupted_run(single_rank, one_intra_op_thread, tmp_path, recipe):
+def test_resumed_run_equals_the_uninterrupted_run(single_rank, tmp_path, recipe):
     full, resumed = uninterrupted_and_resumed(tmp_path, recipe=recipe)
     assert clean(full) and clean(resumed)
     assert [s["step"] for s in resumed["steps"]] == [2, 3]
@@ -53,7 +53,7 @@ def test_resumed_run_equals_the_uninterrupted_run(single_rank, one_intra_op_thre
 
 
 @pytest.mark.parametrize("lost,tensor", [("momentum_buffer", ".master"), ("adam_step", ".master")])
-def test_a_resume_that_loses_state_is_caught(single_rank, one_intra_op_thread, tmp_path, monkeypatch, lost, tensor):
+def test_a_resume_that_loses_state_is_caught(single_rank, tmp_path, monkeypatch, lost, tensor):
     """Both sides lose the same state, so ON == OFF still holds after the resume: only the
     comparison with the uninterrupted run can see it, at the first update."""
     keep = ckpt.stack_state

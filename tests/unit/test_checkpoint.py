@@ -64,7 +64,7 @@ def load(path, stack):
 
 
 @pytest.mark.parametrize("side", [0, 1], ids=["test-fp8-params", "ref-bf16-params"])
-def test_every_piece_of_state_comes_back(single_rank, one_intra_op_thread, tmp_path, side):
+def test_every_piece_of_state_comes_back(single_rank, tmp_path, side):
     _, *pair = build()
     trained = pair[side]
     train(trained, 2)
@@ -85,7 +85,7 @@ def test_every_piece_of_state_comes_back(single_rank, one_intra_op_thread, tmp_p
     assert same(everything(trained), everything(fresh)) == []
 
 
-def test_fp8_weights_are_saved_as_their_raw_bytes(single_rank, one_intra_op_thread, tmp_path):
+def test_fp8_weights_are_saved_as_their_raw_bytes(single_rank, tmp_path):
     _, on, _ = build()
     train(on, 1)
     state = ckpt.stack_state(on)
@@ -97,7 +97,7 @@ def test_fp8_weights_are_saved_as_their_raw_bytes(single_rank, one_intra_op_thre
     assert state[f"model/{name}.fp8.rowwise_data"] is q.qt.rowwise_data  # the live bytes, not a copy
 
 
-def test_saving_changes_nothing_in_the_stack(single_rank, one_intra_op_thread, tmp_path):
+def test_saving_changes_nothing_in_the_stack(single_rank, tmp_path):
     _, on, _ = build()
     train(on, 2)
     before = {k: v.clone() for k, v in everything(on).items()}
@@ -105,7 +105,7 @@ def test_saving_changes_nothing_in_the_stack(single_rank, one_intra_op_thread, t
     assert same(before, everything(on)) == []
 
 
-def test_a_failed_save_leaves_the_previous_checkpoint(single_rank, one_intra_op_thread, tmp_path, monkeypatch):
+def test_a_failed_save_leaves_the_previous_checkpoint(single_rank, tmp_path, monkeypatch):
     _, on, _ = build()
     train(on, 1)
     path = tmp_path / "c"
@@ -126,7 +126,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint(single_rank, one_intra_op_
 
 
 @pytest.mark.parametrize("damage", ["no-marker", "truncated", "flipped-bit", "missing-file", "bad-marker"])
-def test_a_damaged_checkpoint_is_refused(single_rank, one_intra_op_thread, tmp_path, damage):
+def test_a_damaged_checkpoint_is_refused(single_rank, tmp_path, damage):
     _, on, _ = build()
     train(on, 1)
     path = tmp_path / "c"
@@ -153,7 +153,7 @@ def test_a_damaged_checkpoint_is_refused(single_rank, one_intra_op_thread, tmp_p
         ckpt.read_manifest(str(path))
 
 
-def test_pair_checkpoint_is_checked_against_the_scenario(single_rank, one_intra_op_thread, tmp_path):
+def test_pair_checkpoint_is_checked_against_the_scenario(single_rank, tmp_path):
     s, on, off = build()
     train(on, 1)
     train(off, 1)
@@ -220,7 +220,7 @@ def test_compare_digests_reports_each_difference():
     assert divs[1]["path"] == "step 3/optimizer/w.master/rank 0" and "sha256 ab" in divs[1]["message"]
 
 
-def test_compare_checkpoints_sees_one_flipped_bit(single_rank, one_intra_op_thread, tmp_path):
+def test_compare_checkpoints_sees_one_flipped_bit(single_rank, tmp_path):
     _, on, _ = build()
     train(on, 1)
     save(tmp_path / "a", on)

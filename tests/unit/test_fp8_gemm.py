@@ -16,8 +16,6 @@ F32 = torch.float32
 BF16 = torch.bfloat16
 
 
-pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
-
 
 # ---------------------------------------------------------------------------------------------
 # exact scalar reference (Python Fractions): the same model, one output element at a time

@@ -32,8 +32,6 @@ def _load():
 CASES, TENSORS = _load()
 
 
-pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
-
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view for exact comparison (never == on floats)."""
