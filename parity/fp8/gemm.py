@@ -251,12 +251,14 @@ def _f32(bits: int) -> float:
 def _pow2_range(s: torch.Tensor) -> Optional[tuple[float, float]]:
     """None if an element of fp32 ``s`` has a mantissa bit (not +-2^e, +-0 or +-inf), else the
     elements with the smallest and the largest int32 bits: min and max when all are >= +0 (the
-    caller's range check refuses a zero, subnormal, negative or infinite one)."""
-    bits = s.view(torch.int32)
-    if bool((bits & 0x7FFFFF).any()):
+    caller's range check refuses a zero, subnormal, negative or infinite one).
+
+    Read on the host with numpy: a GEMM has a few hundred scales, on which torch's fixed cost per
+    op is most of the time (and on a GPU the answer is needed on the host anyway)."""
+    bits = s.cpu().numpy().view(np.int32)
+    if (bits & 0x7FFFFF).any():
         return None
-    lo, hi = (int(v) for v in torch.aminmax(bits))  # non-negative floats order like their bits
-    return _f32(lo), _f32(hi)
+    return _f32(int(bits.min())), _f32(int(bits.max()))  # non-negative floats order like their bits
 
 
 def _fp32_steps_exact(a: Operand, b: Operand, sa: torch.Tensor, sb: torch.Tensor) -> bool:
