@@ -62,9 +62,11 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _run_once(tree: Path, env: dict[str, str], args: list[str], out: Path) -> dict:
+def _run_once(tree: Path, env: dict[str, str], args: list[str], out: Path,
+              entry: tuple[str, ...] = ("-m", "parity.cli")) -> dict:
+    """One `parity run ARGS` in ``tree``, started as ``python ENTRY run ...``; its timings."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "parity.cli", "run", *args, "--snapshot", "none", "--quiet", "--out", str(out)]
+    cmd = [sys.executable, *entry, "run", *args, "--snapshot", "none", "--quiet", "--out", str(out)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tree, env={**os.environ, **env}, capture_output=True, text=True)
     wall = time.perf_counter() - t0
