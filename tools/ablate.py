@@ -65,6 +65,9 @@ def _child(part: str, argv: list[str]) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
+        if len(argv) < 2 or (argv[1] != "none" and argv[1] not in PARTS):
+            print(f"ablate: --child takes none or one of {', '.join(PARTS)}", file=sys.stderr)
+            return 2
         return _child(argv[1], argv[2:])
     own, run_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
