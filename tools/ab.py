@@ -83,6 +83,7 @@ def _run_once(tree: Path, env: dict[str, str], args: list[str], out: Path,
         "golden": ",".join(str(e.get("golden")) for e in entries),
         "user_s": sum(c.get("user_s", 0.0) for c in cpu),
         "system_s": sum(c.get("system_s", 0.0) for c in cpu),
+        "start_methods": {e.get("timing", {}).get("start_method") for e in entries},
     }
 
 

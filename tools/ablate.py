@@ -89,6 +89,8 @@ def main(argv=None) -> int:
                     r = _run_once(HERE, {}, run_args, Path(tmp) / side, entry=(*entry, "none" if side == "A" else part))
                     runs[side].append(r)
                     mark = "" if set(r["status"].split(",")) == {"pass"} else "  (not a pass: not comparable)"
+                    if side == "B" and r["start_methods"] - {"fork"}:
+                        mark += f"  (ranks started by {sorted(map(str, r['start_methods']))}: not forked, nothing doubled)"
                     print(f"{part} pair {i + 1} {side}: scenario {r['scenario_s']:.2f} s, {r['status']}, "
                           f"golden {r['golden']}, CPU a rank (mean) user {r['user_s']:.3f} s{mark}", flush=True)
             a, b = ([r["scenario_s"] for r in runs[s]] for s in "AB")
