@@ -8,8 +8,9 @@ import torch.distributed as dist
 
 # Every test process computes on one thread, as every rank does (parity.distributed.determinism):
 # the two xdist workers share 2 CPUs, and an idle pool thread of torch's OpenMP or of numpy's
-# OpenBLAS spins on a CPU the other worker needs. Measured on a 12-step in-process stack: numpy's
-# second BLAS thread doubled the test's CPU time (6.9 -> 3.0 CPU-s) and cost 15% of its wall.
+# OpenBLAS spins on a CPU the other worker needs. Measured: the 133 in-process tests under -n 2
+# took 118 s and 233 CPU-s with the default pools, 35 s and 67 CPU-s with these (docs/measurements.md,
+# twentieth session).
 torch.set_num_threads(1)
 threadpoolctl.threadpool_limits(1, user_api="blas")
 
@@ -28,7 +29,6 @@ def single_rank():
         os.environ["MASTER_PORT"] = str(_free_port())
         dist.init_process_group("gloo", rank=0, world_size=1)
     yield
-
 
 
 # The suite's longest single test first, then every other multi-rank (`slow`) case, the unit tests
