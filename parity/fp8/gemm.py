@@ -322,6 +322,8 @@ def _emulated(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     N = b.data.shape[0]
     Kb = a.scale_inv.shape[1]
     y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
+    if M == 0 or N == 0:
+        return y.to(out_dtype)  # no output element: no scales to check, nothing to accumulate
     # bound the float64 workspace (pieces x chunk x M x N) to ~64 MiB
     pieces = len(_PIECE_BITS[a.fp8_dtype]) * len(_PIECE_BITS[b.fp8_dtype])
     chunk = max(1, (64 << 20) // max(1, 8 * pieces * M * N))

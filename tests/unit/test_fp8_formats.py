@@ -28,7 +28,6 @@ from parity.fp8.formats import (
 _LAYOUT = {"e4m3": (4, 3, 7), "e5m2": (5, 2, 15)}  # exponent bits, mantissa bits, bias
 
 
-
 def _decode_code(code: int, fmt: str) -> float:
     eb, mb, bias = _LAYOUT[fmt]
     e = (code >> mb) & ((1 << eb) - 1)

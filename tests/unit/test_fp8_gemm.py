@@ -16,7 +16,6 @@ F32 = torch.float32
 BF16 = torch.bfloat16
 
 
-
 # ---------------------------------------------------------------------------------------------
 # exact scalar reference (Python Fractions): the same model, one output element at a time
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +230,21 @@ def test_accumulate_into():
     assert torch.equal(bits(out), bits(plain + c0))
     with pytest.raises(ValueError):
         fp8_gemm(a, b, out_dtype=F32, accumulate_into=torch.zeros(16, 24, dtype=BF16))
+
+
+@pytest.mark.parametrize("m, n", [(0, 24), (16, 0), (0, 0)])
+def test_empty_operand_gives_an_empty_product(m, n):
+    """An operand without rows gives an empty [M, N] result, as a matmul does (the FP8 linear
+    skips its GEMMs for an expert without tokens, but the function must not fail either): the
+    epilogue's scale checks failed on the empty scale tensors."""
+    a, b = operands("1x128", "128x128", "e4m3", "e4m3", 16, 24, 256, seed=10)
+    a = Operand(data=a.data[:m], fp8_dtype=a.fp8_dtype, scale_inv=a.scale_inv[:m], block_len=128)
+    b = Operand(data=b.data[:n], fp8_dtype=b.fp8_dtype, scale_inv=b.scale_inv[:n], block_len=128,
+                tile_2d=b.tile_2d[: -(-n // 128)])
+    out = fp8_gemm(a, b, out_dtype=BF16, backend="emulated")
+    assert out.shape == (m, n) and out.dtype == BF16
+    acc = torch.zeros(m, n, dtype=BF16)
+    assert fp8_gemm(a, b, out_dtype=BF16, backend="emulated", accumulate_into=acc) is acc
 
 
 def test_argument_checks():

@@ -19,7 +19,6 @@ MAXBYTE = {"e4m3": 0x7E, "e5m2": 0x7B}
 VINF_BITS = {torch.bfloat16: 0x7F7F0000, torch.float16: 0x477FE000, torch.float32: 0x7F7FFFFF}
 
 
-
 # ---------------------------------------------------------------------------------------------
 # independent slow reference: one block at a time, scalar numpy float32 arithmetic,
 # pow2 via frexp, E8M0 via frexp, fp8 cast via an explicit table of all codes

@@ -32,7 +32,6 @@ def _load():
 CASES, TENSORS = _load()
 
 
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view for exact comparison (never == on floats)."""
     if t.dtype == torch.float32:
