@@ -62,7 +62,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _run_once(tree: Path, env: dict[str, str], args: list[str], out: Path,
+def run_once(tree: Path, env: dict[str, str], args: list[str], out: Path,
               entry: tuple[str, ...] = ("-m", "parity.cli")) -> dict:
     """One `parity run ARGS` in ``tree``, started as ``python ENTRY run ...``; its timings."""
     shutil.rmtree(out, ignore_errors=True)
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
             runs: dict[str, list[dict]] = {"A": [], "B": []}
             for i in range(ns.pairs):
                 for side in ("AB" if i % 2 == 0 else "BA"):
-                    r = _run_once(trees[side], envs[side], run_args, tmp / f"out-{side}")
+                    r = run_once(trees[side], envs[side], run_args, tmp / f"out-{side}")
                     runs[side].append(r)
                     mark = "" if set(r["status"].split(",")) == {"pass"} else "  (not a pass: not comparable)"
                     print(f"pair {i + 1} {side}: command {r['cmd_s']:.2f} s, scenario {r['scenario_s']:.2f} s, "

@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE / "tools"))
 
-from ab import _run_once  # noqa: E402  (tools/ is not a package)
+from ab import run_once  # noqa: E402  (tools/ is not a package: ab.py beside this file)
 
 PARTS = {
     "gemm": ("parity.fp8.gemm", "_emulated"),
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             runs = {"A": [], "B": []}
             for i in range(ns.pairs):
                 for side in ("AB" if i % 2 == 0 else "BA"):
-                    r = _run_once(HERE, {}, run_args, Path(tmp) / side, entry=(*entry, "none" if side == "A" else part))
+                    r = run_once(HERE, {}, run_args, Path(tmp) / side, entry=(*entry, "none" if side == "A" else part))
                     runs[side].append(r)
                     mark = "" if set(r["status"].split(",")) == {"pass"} else "  (not a pass: not comparable)"
                     if side == "B" and r["start_methods"] - {"fork"}:

@@ -83,16 +83,23 @@ def _rank_sums(ctx) -> dict:
             o = torch.empty_like(shard)
             C._reduce_scatter_single(o, inp.clone())
             native_rs.append(o)
-        C.sums_coalesced(ars, rss, None)
+        exchanges = []  # the coalesced path must run, not one collective each (the same bits)
+        chunk_exchange = C._chunk_exchange
+        C._chunk_exchange = lambda *args: exchanges.append(1) or chunk_exchange(*args)
+        try:
+            C.sums_coalesced(ars, rss, None)
+        finally:
+            C._chunk_exchange = chunk_exchange
         out[f"coalesced/{dtype}"] = ([_bits(t) for t in ars] + [_bits(o) for o, _ in rss],
-                                     [_bits(t) for t in native] + [_bits(o) for o in native_rs])
+                                     [_bits(t) for t in native] + [_bits(o) for o in native_rs], len(exchanges))
     return out
 
 
 def test_coalesced_sums_have_each_collectives_bits(per_rank):
     for r, seen in enumerate(per_rank):
         for dtype in INT_VIEW:
-            mine, native = seen[f"coalesced/{dtype}"]
+            mine, native, exchanges = seen[f"coalesced/{dtype}"]
+            assert exchanges == 1, f"rank {r}, {dtype}: {exchanges} coalesced exchanges"
             assert len(mine) == len(AR_SIZES) + 4
             for i, (a, b) in enumerate(zip(mine, native)):
                 assert a == b, f"rank {r}, {dtype}, tensor {i}"
