@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     job, stdout = None, sys.stdout
     try:
         if args.cmd in _COMMANDS_STARTING_WITH_TORCH:
-            _import_torch_uncollected()
+            import_torch_uncollected()
         job = _torchrun_start(args, argv)
         if job is not None and job.rank != 0:
             sys.stdout = open(os.devnull, "w")  # progress lines come from global rank 0 only
@@ -249,7 +249,7 @@ _COMMANDS_STARTING_WITH_TORCH = ("golden", "diff", "triage", "selftest")
 is answered in a fraction of a second), and then imports it the same way; `list` never loads it."""
 
 
-def _import_torch_uncollected() -> None:
+def import_torch_uncollected() -> None:
     """Import torch with the garbage collector off, then move what the process holds out of its
     reach (``gc.freeze``). The import makes a few hundred thousand objects that live as long as
     the process and form no garbage; with the collector on, it walked them again and again during
@@ -278,7 +278,7 @@ def _torchrun_start(args, argv):
 
     if args.cmd not in ("run", "golden") or not under_torchrun():
         return None
-    _import_torch_uncollected()
+    import_torch_uncollected()
     import torch
 
     from parity.distributed.determinism import DETERMINISM_ENV
@@ -457,7 +457,7 @@ def cmd_run(args, argv) -> int:
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
     start_early({s.device for s in scenarios})  # the input is valid: a server imports beside us
-    _import_torch_uncollected()
+    import_torch_uncollected()
     from parity.harness import report as rep
     from parity.harness.driver import run_scenario
     from parity.harness.launch import is_report_writer

@@ -60,7 +60,7 @@ def _serve(path: str) -> None:
     from parity.harness.forkserver import PRELOAD
 
     cli = importlib.import_module("parity.cli")
-    cli._import_torch_uncollected()  # as the command does: torch imported uncollected, then frozen
+    cli.import_torch_uncollected()  # as the command does: torch imported uncollected, then frozen
     for module in PRELOAD:  # the launcher and the whole stack
         importlib.import_module(module)
 

@@ -54,7 +54,7 @@ def _child(part: str, argv: list[str]) -> int:
     pin_before_torch()  # the command's pins, before torch loads here
     from parity import cli
 
-    cli._import_torch_uncollected()
+    cli.import_torch_uncollected()
     if part != "none":
         module, name = PARTS[part]
         mod = importlib.import_module(module)

@@ -71,7 +71,6 @@ def bench(
         bit_view(c)[numel // 2] ^= 1
         t = _time(lambda: compare_tensors(a, c, "bench"), device, max(1, repeats // 2))
         rows.append(("compare_tensors (1 differs)", t, nbytes / t / 1e9))
-    del a, b, va, vb
     return rows
 
 

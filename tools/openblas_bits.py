@@ -5,7 +5,7 @@ nothing. Run it on two CPUs with the pin (docs/spec/platform.md s1.2) and compar
 
     OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell python tools/openblas_bits.py [-v]
 """
-import hashlib, os, sys, platform
+import hashlib, os, sys
 import numpy as np
 from threadpoolctl import threadpool_info
 from parity.distributed.pins import cpuinfo_field  # torch-free; numpy above loaded OpenBLAS already

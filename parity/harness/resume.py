@@ -31,7 +31,6 @@ import shutil
 import tempfile
 import time
 
-import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import empty

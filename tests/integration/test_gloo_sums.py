@@ -152,3 +152,22 @@ def test_the_sums_depend_on_the_order():
 ])
 def test_ring_chunk_sizes(numel, world, size, want):
     assert C.ring_chunk_sizes(numel, world, size) == want
+
+
+@pytest.mark.parametrize("world, numel, size, want", [
+    (8, 15, 4, "native"),      # fewer elements than 2 x world: gloo's ring
+    (8, 16, 4, "exchange"),
+    (8, 16383, 4, "exchange"),  # just under 64 KiB
+    (8, 16384, 4, "split"),     # 64 KiB from world 8: two exchanges
+    (8, 32768, 2, "split"),     # bf16, 64 KiB
+    (8, 1 << 22, 4, "split"),   # past the single exchange's limit, still split
+    (7, 16384, 4, "exchange"),  # below world 8 never split
+    (4, 32768, 4, "exchange"),  # 128 KiB: the single exchange's limit
+    (4, 32769, 4, "native"),
+    (2, 4, 4, "exchange"),
+    (2, 3, 4, "native"),
+])
+def test_all_reduce_route(world, numel, size, want):
+    """The routing at its boundaries: the worlds-3/4 launches above never reach the split, and a
+    world-8 launch would cost the suite's time."""
+    assert C.all_reduce_route(world, numel, size) == want

@@ -1,5 +1,5 @@
 """How the command starts and stops: torch is imported with the garbage collector off, and what the
-process holds then is frozen (parity.cli._import_torch_uncollected); a reader of its output that
+process holds then is frozen (parity.cli.import_torch_uncollected); a reader of its output that
 leaves ends it quietly; a torch that does not import is one line, not a traceback."""
 
 import gc
@@ -54,7 +54,7 @@ def test_a_process_that_has_torch_keeps_its_collector():
     import torch  # noqa: F401
 
     before = gc.get_freeze_count()
-    cli._import_torch_uncollected()
+    cli.import_torch_uncollected()
     assert gc.get_freeze_count() == before and gc.isenabled()
 
 

@@ -232,19 +232,31 @@ def test_accumulate_into():
         fp8_gemm(a, b, out_dtype=F32, accumulate_into=torch.zeros(16, 24, dtype=BF16))
 
 
-@pytest.mark.parametrize("m, n", [(0, 24), (16, 0), (0, 0)])
-def test_empty_operand_gives_an_empty_product(m, n):
+@pytest.mark.parametrize("device, backend", [
+    ("cpu", "emulated"),
+    pytest.param("cuda", "emulated", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")]),
+    pytest.param("cuda", "auto", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")]),
+])
+@pytest.mark.parametrize("m, n", [(0, 32), (16, 0), (0, 0)])
+def test_empty_operand_gives_an_empty_product(m, n, device, backend):
     """An operand without rows gives an empty [M, N] result, as a matmul does (the FP8 linear
     skips its GEMMs for an expert without tokens, but the function must not fail either): the
-    epilogue's scale checks failed on the empty scale tensors."""
-    a, b = operands("1x128", "128x128", "e4m3", "e4m3", 16, 24, 256, seed=10)
+    epilogue's scale checks failed on the empty scale tensors. On CUDA, "auto" would pick
+    scaled_mm for these shapes (0 is a multiple of 16)."""
+    a, b = operands("1x128", "128x128", "e4m3", "e4m3", 16, 32, 256, seed=10)
     a = Operand(data=a.data[:m], fp8_dtype=a.fp8_dtype, scale_inv=a.scale_inv[:m], block_len=128)
     b = Operand(data=b.data[:n], fp8_dtype=b.fp8_dtype, scale_inv=b.scale_inv[:n], block_len=128,
                 tile_2d=b.tile_2d[: -(-n // 128)])
-    out = fp8_gemm(a, b, out_dtype=BF16, backend="emulated")
-    assert out.shape == (m, n) and out.dtype == BF16
-    acc = torch.zeros(m, n, dtype=BF16)
-    assert fp8_gemm(a, b, out_dtype=BF16, backend="emulated", accumulate_into=acc) is acc
+    if device != "cpu":
+        a, b = (Operand(data=o.data.to(device), fp8_dtype=o.fp8_dtype, scale_inv=o.scale_inv.to(device),
+                        block_len=128, tile_2d=None if o.tile_2d is None else o.tile_2d.to(device))
+                for o in (a, b))
+    out = fp8_gemm(a, b, out_dtype=BF16, backend=backend)
+    assert out.shape == (m, n) and out.dtype == BF16 and out.device.type == device
+    acc = torch.zeros(m, n, dtype=BF16, device=device)
+    assert fp8_gemm(a, b, out_dtype=BF16, backend=backend, accumulate_into=acc) is acc
 
 
 def test_argument_checks():
