@@ -340,7 +340,7 @@ def test_crashed_rank(tmp_path, tiny, marker):
 @pytest.mark.slow
 def test_hung_rank_is_named_not_its_peer(tmp_path, tiny, marker):
     # Rank 0 hangs; rank 1 times out waiting for it in a collective. The report must name rank 0.
-    r, e = _fault_run(tmp_path, tiny, marker, "hang:0:1", 15)
+    r, e = _fault_run(tmp_path, tiny, marker, "hang:0:1", 6)
     f = e["failure"]
     assert (f["rank"], f["step"], f["kind"]) == (0, 1, "hang"), f
     assert "hang" in f["reason"] and "rank(s) 1 timed out" in f["reason"], f

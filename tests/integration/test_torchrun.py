@@ -234,7 +234,7 @@ def test_aggregated_report_and_goldens_match_the_built_in_launcher(tmp_path, tin
 @pytest.mark.slow
 @pytest.mark.parametrize("inject, rank, kind, timeout_s", [
     ("crash:3:1", 3, "crash", 30),  # a rank on the other node than rank 0 dies
-    ("hang:0:1", 0, "hang", 10),   # rank 0 itself stops answering: its supervisor still reports
+    ("hang:0:1", 0, "hang", 6),    # rank 0 itself stops answering: its supervisor still reports
 ])
 def test_rank_failure_ends_the_job_with_exit_3(tmp_path, tiny4, inject, rank, kind, timeout_s):
     out = tmp_path / "out"
