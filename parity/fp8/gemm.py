@@ -322,8 +322,6 @@ def _emulated(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     N = b.data.shape[0]
     Kb = a.scale_inv.shape[1]
     y = torch.zeros(M, N, dtype=torch.float32, device=a.data.device)
-    if M == 0 or N == 0:
-        return y.to(out_dtype)  # no output element: no scales to check, nothing to accumulate
     # bound the float64 workspace (pieces x chunk x M x N) to ~64 MiB
     pieces = len(_PIECE_BITS[a.fp8_dtype]) * len(_PIECE_BITS[b.fp8_dtype])
     chunk = max(1, (64 << 20) // max(1, 8 * pieces * M * N))
@@ -425,7 +423,10 @@ def fp8_gemm(a: Operand, b: Operand, *, out_dtype: torch.dtype, backend: str = "
                            "torch.nn.functional.scaled_mm with blockwise scaling, E4M3 operands with "
                            "128-long blocks, not both 128x128, and M, N, K multiples of 16)")
     use_scaled = backend == "scaled_mm" or (backend == "auto" and scaled_mm_supported(a, b))
-    out = _scaled_mm(a, b, out_dtype) if use_scaled else _emulated(a, b, out_dtype)
+    if M == 0 or N == 0:  # no output element: no kernel to run, no scales to check
+        out = torch.zeros(M, N, dtype=out_dtype, device=a.data.device)
+    else:
+        out = _scaled_mm(a, b, out_dtype) if use_scaled else _emulated(a, b, out_dtype)
     if accumulate_into is not None:
         accumulate_into.copy_(out + accumulate_into)
         return accumulate_into
