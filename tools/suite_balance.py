@@ -78,7 +78,7 @@ def main() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", args.n, "-v", "-p", "no:logging", *rest],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
-        m = re.match(r"\[(gw\d+)\]\s+\[\s*\d+%\]\s+\w+\s+(\S+)", line)
+        m = re.match(r"\[(gw\d+)\]\s+\[\s*\d+%\]\s+\w+\s+(.+?)\s*$", line)  # ids may hold spaces
         if m:
             reports.append((m.group(1), time.time() - t0, m.group(2)))
         if re.search(r"\d+ passed", line):

@@ -20,7 +20,7 @@ Resume scenarios run whole (their checkpoint sits past this prefix); an LR sched
 length in a prefix (Scenario.prefix)."""
 
 
-def _checked_steps(s) -> int:
+def checked_steps(s) -> int:
     """Steps the suite runs of scenario ``s``."""
     return s.steps if s.resume_at is not None else min(s.steps, CI_STEPS)
 
@@ -35,7 +35,7 @@ def _covering(scenarios) -> dict:
         by_config.setdefault(golden.fingerprint(golden.scenario_config(s)), []).append(s)
     out = {}
     for same in by_config.values():
-        keep = max(same, key=lambda s: (_checked_steps(s), s.steps, s.name))
+        keep = max(same, key=lambda s: (checked_steps(s), s.steps, s.name))
         out.update({s.name: keep for s in same if s is not keep})
     return out
 
@@ -84,7 +84,7 @@ def test_a_covered_scenarios_goldens_equal_its_coverers(name):
     no covering golden vouches for fails."""
     short = next(s for s in SCENARIOS if s.name == name)
     cover = COVERED[name]
-    assert _checked_steps(cover) >= _checked_steps(short)
+    assert checked_steps(cover) >= checked_steps(short)
     root = goldens_cli.default_root()
     mine = [r for r in golden.list_goldens(root) if r.scenario == name]
     theirs = {r.platform_id: r for r in golden.list_goldens(root) if r.scenario == cover.name}

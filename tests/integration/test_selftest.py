@@ -12,7 +12,7 @@ from parity.harness.faults import CATALOGUE
 from parity.harness.scenario import load_all
 from parity.harness.selftest import CASES, QUICK_SET, run_selftest
 
-from test_scenarios import COVERED, RUN, _checked_steps  # (tests/integration is on sys.path)
+from test_scenarios import COVERED, RUN, checked_steps  # (tests/integration is on sys.path)
 
 
 def test_every_catalogued_fault_has_a_case():
@@ -26,7 +26,7 @@ def test_every_case_scenario_runs_clean_and_whole_in_test_scenarios():
         s = shipped.get(f"{QUICK_SET}-{key}")
         assert s is not None, f"{fault}: its scenario {QUICK_SET}-{key} is not a shipped scenario"
         ran = COVERED.get(s.name, s)
-        assert ran in RUN and _checked_steps(ran) >= s.steps, f"{s.name}: test_scenarios runs only a prefix"
+        assert ran in RUN and checked_steps(ran) >= s.steps, f"{s.name}: test_scenarios runs only a prefix"
 
 
 @pytest.mark.slow
