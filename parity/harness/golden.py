@@ -157,6 +157,9 @@ class Record:
     path: Path | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory: dict[int, dict[str, torch.Tensor]] | None = field(default=None, repr=False)
+    read: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
+    """Stored steps already read from ``path`` and checked against their digests: a triage row
+    per differing tensor asks for its step again, and a step file holds every tensor of it."""
 
     @property
     def fingerprint(self) -> str:
@@ -170,6 +173,8 @@ class Record:
         """Rank 0's tensors at a stored step, checked against the recorded digests."""
         if self.memory is not None:
             return self.memory[step]
+        if step in self.read:
+            return self.read[step]
         if step not in self.tensor_steps or self.path is None:
             raise GoldenError(f"record {self.path} stores no tensors for step {step}")
         try:
@@ -181,6 +186,7 @@ class Record:
             if k not in rank0.keys or tensor_sha256(t)[:DIGEST_HEX] != rank0.digests[k][step]:
                 raise GoldenError(f"golden {self.path}: stored tensor {k!r} of step {step} does not match its "
                                   "digest; the golden was modified after recording, regenerate it")
+        self.read[step] = tensors
         return tensors
 
 
