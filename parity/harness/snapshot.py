@@ -324,6 +324,7 @@ def read_snapshot(
     *,
     device: str | torch.device = "cpu",
     keys: list[str] | None = None,
+    copy: bool = True,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a snapshot written by :func:`write_snapshot`.
 
@@ -331,10 +332,15 @@ def read_snapshot(
         path: the safetensors file.
         device: where to put the tensors.
         keys: read only these tensors (all by default); a missing one is an error.
+        copy: False (CPU only): views of the privately memory-mapped file instead of copies,
+            for a reader that only looks (triage): nothing is read until a tensor is used, and a
+            step file of a large model is not held twice (a write to a view stays in this
+            process). They stay valid when the file is replaced, as every write here replaces
+            it (rename), never truncates it in place.
 
     Returns:
-        ``(tensors, metadata)``. Tensors are private copies in file order
-        (safetensors sorts them), metadata is ``{str: str}`` (empty if none).
+        ``(tensors, metadata)``. Tensors are private copies (or views, see ``copy``) in file
+        order (safetensors sorts them), metadata is ``{str: str}`` (empty if none).
 
     Raises:
         SnapshotError: the file is missing, truncated or corrupt (exit code 2).
@@ -351,8 +357,9 @@ def read_snapshot(
                     raise SnapshotError(f"snapshot {path} has no tensor {absent[0]!r}")
                 names = list(keys)
             for k in names:
-                # get_tensor returns a view of the memory-mapped file: copy it.
-                t = f.get_tensor(k).clone()
+                t = f.get_tensor(k)  # a view of the memory-mapped file
+                if copy or str(device) != "cpu":
+                    t = t.clone()
                 if k in encoded:
                     t = t.view(encoded[k])
                 out[k] = t if str(device) == "cpu" else t.to(device)

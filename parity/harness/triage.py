@@ -202,11 +202,12 @@ def _row(scenario: str, step: int, phase: str, rank: int, tensor: str, *, reason
     return row
 
 
-def _median_of(ulps: Any) -> float | None:
-    """Median of an array of ULP distances (mean of the two middle values if even)."""
+def _median_of(ulps: Any, *, scratch: bool = False) -> float | None:
+    """Median of an array of ULP distances (mean of the two middle values if even). ``scratch``:
+    the array is the caller's temporary, reordered in place rather than copied first."""
     if ulps is None or len(ulps) == 0:
         return None
-    return float(np.median(ulps))
+    return float(np.median(ulps, overwrite_input=scratch))
 
 
 def _median_from_hist(hist: list[int]) -> float | None:
@@ -537,38 +538,8 @@ def _side(tensors: Mapping[str, torch.Tensor], side: str = "A") -> dict[str, tor
 
 
 def _load_snapshot(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a snapshot, read in one go (much faster than tensor-by-tensor copies out
-    of a memory map for the many small tensors a step holds); same result as
-    :func:`~parity.harness.snapshot.read_snapshot`, same :class:`SnapshotError` on bad files."""
-    import safetensors
-    import safetensors.torch
-
-    from parity.harness.snapshot import _split_metadata
-
-    path = Path(path)
-    if not path.is_file():
-        raise SnapshotError(f"snapshot {path} not found")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise SnapshotError(f"cannot read snapshot {path}: {e.strerror or e}") from None
-    try:
-        n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + n]) if 8 <= len(data) and n <= len(data) - 8 else None
-        tensors = safetensors.torch.load(data)
-    except (safetensors.SafetensorError, ValueError, UnicodeDecodeError) as e:
-        raise SnapshotError(f"snapshot {path} is truncated or corrupt ({e}); re-create it") from None
-    except (KeyError, TypeError, AttributeError):
-        # a dtype that safetensors' in-memory loader does not know (e.g. F8_E8M0 on some
-        # versions): the per-tensor reader handles every dtype
-        return read_snapshot(path)[0]
-    if not isinstance(header, dict):
-        raise SnapshotError(f"snapshot {path} is truncated or corrupt (bad header); re-create it")
-    _, encoded = _split_metadata(header.get("__metadata__"), path)
-    for k, dt in encoded.items():
-        if k in tensors:
-            tensors[k] = tensors[k].view(dt)
-    return tensors
+    """All tensors of a snapshot, as views of the memory-mapped file (triage only reads them)."""
+    return read_snapshot(path, copy=False)[0]
 
 
 def _read_side(path: Path, side: str = "A") -> dict[str, torch.Tensor]:
@@ -745,7 +716,7 @@ def _merge_ulps(g: pd.DataFrame) -> np.ndarray | None:
         if not isinstance(u, np.ndarray) or not ex:
             return None
         parts.append(u)
-    return np.concatenate(parts) if parts else None
+    return np.concatenate(parts) if parts else None  # a fresh array, even of one part
 
 
 def _group_stats(g: pd.DataFrame) -> dict[str, Any]:
@@ -754,7 +725,7 @@ def _group_stats(g: pd.DataFrame) -> dict[str, Any]:
     ulps = g["max_ulp"].dropna()
     merged = _merge_ulps(g)
     if merged is not None and len(merged):
-        median, exact = _median_of(merged), True
+        median, exact = _median_of(merged, scratch=True), True
     else:
         hist = [int(g[c].dropna().sum()) for c in _HIST_COLS]
         median, exact = _median_from_hist(hist), False
