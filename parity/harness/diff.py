@@ -87,8 +87,8 @@ def diff_files(a: str | os.PathLike[str], b: str | os.PathLike[str], *, prefix: 
     _check_file(a, "A:")
     _check_file(b, "B:")
     res = result if result is not None else DiffResult()
-    ta, _ = read_snapshot(a)
-    tb, _ = read_snapshot(b)
+    ta, _ = read_snapshot(a, copy=False)  # only looked at: views of the mapped files
+    tb, _ = read_snapshot(b, copy=False)
     res.files += 1
     for k in sorted(set(ta) | set(tb), key=_sort_key):
         path = f"{prefix}{k}"
