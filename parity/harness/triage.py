@@ -82,6 +82,7 @@ __all__ = [
     "drift_summary",
     "write_triage",
     "render_markdown",
+    "breakdowns",
     "triage_command",
     "param_of",
     "layer_of",
@@ -997,10 +998,12 @@ def diagnose(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None) -> str:
     return "; ".join(f"{n}: {line}" for n, line in zip(names, lines))
 
 
-def drift_summary(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None) -> list[str]:
-    """Per scenario with a divergence, one line on how the drift evolves after the first step."""
+def drift_summary(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
+                  table: pd.DataFrame | None = None) -> list[str]:
+    """Per scenario with a divergence, one line on how the drift evolves after the first step
+    (``table``: :func:`drift` of ``df``, where the caller has it already)."""
     out = []
-    dr = drift(df, meta=meta)
+    dr = drift(df, meta=meta) if table is None else table
     for scen, g in dr.groupby("scenario", sort=True):
         g = g[g["step"] >= 0]
         if g.empty:
@@ -1063,10 +1066,25 @@ def _md_table(df: pd.DataFrame, cols: list[str], max_rows: int | None = None) ->
     return "\n".join(lines) + "\n" + more
 
 
-def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
-                    plots: Mapping[str, Any] | None = None, files: Iterable[str] = ()) -> str:
-    """The ``triage.md`` text."""
+def breakdowns(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None) -> dict[str, pd.DataFrame]:
+    """The tables ``triage.md`` and the CSV files show, each computed once: ``per_step_phase``,
+    ``drift``, ``per_layer``, ``per_param`` (every scenario; each has a ``scenario`` column)."""
     m = _meta(df, meta)
+    return {"per_step_phase": per_step_phase(df, meta=m), "drift": drift(df, meta=m),
+            "per_layer": per_layer(df), "per_param": per_param(df)}
+
+
+def _of(table: pd.DataFrame, scenario: str) -> pd.DataFrame:
+    return table[table["scenario"] == scenario].reset_index(drop=True)
+
+
+def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
+                    plots: Mapping[str, Any] | None = None, files: Iterable[str] = (),
+                    tables: Mapping[str, pd.DataFrame] | None = None) -> str:
+    """The ``triage.md`` text (``tables``: :func:`breakdowns` of ``df``, where the caller has them;
+    each breakdown groups by scenario first, so a scenario's rows of it are its own breakdown)."""
+    m = _meta(df, meta)
+    tables = tables if tables is not None else breakdowns(df, meta=m)
     mode = m.get("mode", "run")
     scen = m.get("scenarios") or {}
     head = ["# parity triage", "", f"- run: `{m.get('run')}`"]
@@ -1082,7 +1100,6 @@ def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
         head.append("- compared: side A (knob ON, under test) vs side B (knob OFF, reference), as the run did")
     head.append(f"- phases in dataflow order: {' -> '.join(DATAFLOW)} (init = step -1, masters at construction)")
     out = head + [""]
-    psp_all = per_step_phase(df, meta=m)
     for name in (list(scen) or sorted(df["scenario"].unique())):
         sm = scen.get(name, {})
         sub = df[df["scenario"] == name]
@@ -1112,22 +1129,22 @@ def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
                 f"Origin: at step {org['step']} the phases that differ are {' -> '.join(org['chain'])}; "
                 f"the divergence originates in **{org['phase']}**.", ""]
         out += ["### Drift per step", ""]
-        out += [f"- {line.split(': ', 1)[1]}" for line in drift_summary(sub, meta=m)] + [""]
-        dr = drift(sub, meta=m)
+        dr = _of(tables["drift"], name)
+        out += [f"- {line.split(': ', 1)[1]}" for line in drift_summary(sub, meta=m, table=dr)] + [""]
         out.append(_md_table(dr, ["step", "n_tensors", "n_names", "n_diff", "frac_diff", "max_ulp", "median_ulp",
                                   "growth", "phases"]))
         out += ["n_tensors: differing tensor comparisons (tensor x rank); n_names: distinct tensor names; "
                 "n_diff: differing elements; frac_diff: n_diff over the elements of the differing tensors; "
                 "ULP over differing elements (est. = from the ULP histogram: the median bucket's lower bound).", ""]
         out += ["### Per step and phase", ""]
-        psp = psp_all[psp_all["scenario"] == name]
+        psp = _of(tables["per_step_phase"], name)
         out.append(_md_table(psp, ["step", "phase", "n_tensors", "n_compared", "frac_tensors", "n_diff", "frac_diff",
                                    "max_ulp", "median_ulp"], max_rows=200))
         out += ["### Per layer", ""]
-        out.append(_md_table(per_layer(sub), ["layer", "first_step", "first_phase", "first_tensor", "n_steps",
+        out.append(_md_table(_of(tables["per_layer"], name), ["layer", "first_step", "first_phase", "first_tensor", "n_steps",
                                               "n_tensors", "n_diff", "max_ulp", "median_ulp"]))
         out += ["### Per param (first 40 by first divergence)", ""]
-        out.append(_md_table(per_param(sub), ["param", "layer", "first_step", "first_phase", "first_tensor",
+        out.append(_md_table(_of(tables["per_param"], name), ["param", "layer", "first_step", "first_phase", "first_tensor",
                                               "n_steps", "n_tensors", "n_diff", "max_ulp", "median_ulp"],
                              max_rows=40))
     out += ["## Plots", ""]
@@ -1174,16 +1191,15 @@ def write_triage(df: pd.DataFrame, out_dir: str | os.PathLike[str], *, meta: Map
     except ImportError:
         parquet = False
     written: list[str] = []
-    psp = per_step_phase(df, meta=m)
-    tables = {"divergences": df, "per_step_phase": psp, "drift": drift(df, meta=m),
-              "per_layer": per_layer(df), "per_param": per_param(df)}
-    for stem, t in tables.items():
+    tables = breakdowns(df, meta=m)
+    for stem, t in {"divergences": df, **tables}.items():
         _write_table(t, out, stem, written, parquet)
-    plot_info = plots_mod.write_plots(df, psp, out)
+    plot_info = plots_mod.write_plots(df, tables["per_step_phase"], out)
     written += list((plot_info.get("files") or {}).values())
     if not parquet:
         written.append("(no Parquet files: pyarrow is not importable)")
-    md = render_markdown(df, meta=m, plots=plot_info, files=[w for w in written if not w.startswith("(")])
+    md = render_markdown(df, meta=m, plots=plot_info, files=[w for w in written if not w.startswith("(")],
+                         tables=tables)
     if not parquet:
         md = md.rstrip() + "\n\nParquet skipped: pyarrow is not importable (CSV written instead).\n"
     mpath = out / "triage.md"

@@ -295,6 +295,24 @@ def test_tables_medians_and_fractions(tmp_path):
     assert pp.iloc[0]["param"] == "layers.0.mlp.fc1.weight" and pp.iloc[0]["n_tensors"] == 2
 
 
+def test_a_scenarios_section_shows_its_own_breakdowns(tmp_path):
+    """triage.md computes the breakdowns once for every scenario of the run; each scenario's
+    section shows what triaging that scenario alone shows."""
+    a = _write_run(tmp_path / "a", [(1, "grad_reduce", 0, QKV, 3, 100, 2)], name="s1")
+    b = _write_run(tmp_path / "b", [(2, "optimizer", 1, QKV + ".master", 5, 100, 9),
+                                    (3, "forward", 0, "loss", 1, 1, 4)], name="s2", steps=5)
+    both = tmp_path / "both"
+    both.mkdir()
+    rep = json.loads((a / "report.json").read_text())
+    rep["scenarios"] += json.loads((b / "report.json").read_text())["scenarios"]
+    (both / "report.json").write_text(json.dumps(rep))
+    md = triage.render_markdown(triage.load_divergences(both))
+    for name, d in (("s1", a), ("s2", b)):
+        alone = triage.render_markdown(triage.load_divergences(d))
+        section = alone.split(f"## {name}\n")[1].split("## Plots")[0]
+        assert "### Per layer" in section and section in md, name
+
+
 def test_names():
     assert triage.param_of("layers.0.attn_norm.weight[0:128].exp_avg_sq") == "layers.0.attn_norm.weight"
     assert triage.param_of(FP8_BYTE) == QKV
