@@ -1176,7 +1176,7 @@ def _write_table(df: pd.DataFrame, out: Path, stem: str, written: list[str], par
 def write_triage(df: pd.DataFrame, out_dir: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write the tables (CSV, Parquet where pyarrow is importable), the plots (where matplotlib
     is importable) and ``triage.md`` to ``out_dir``. Returns {"markdown": path, "files": [...],
-    "plots": {...}}."""
+    "plots": {...}, "tables": :func:`breakdowns` of ``df``}."""
     from parity.harness import plots as plots_mod
 
     out = Path(out_dir)
@@ -1204,7 +1204,7 @@ def write_triage(df: pd.DataFrame, out_dir: str | os.PathLike[str], *, meta: Map
         md = md.rstrip() + "\n\nParquet skipped: pyarrow is not importable (CSV written instead).\n"
     mpath = out / "triage.md"
     mpath.write_text(md)
-    return {"markdown": str(mpath), "files": written, "plots": plot_info}
+    return {"markdown": str(mpath), "files": written, "plots": plot_info, "tables": tables}
 
 
 def triage_command(args) -> int:
@@ -1224,9 +1224,9 @@ def triage_command(args) -> int:
     m = df.attrs.get("parity") or {}
     scen = m.get("scenarios") or {}
     print(f"[triage] {diagnose(df)}")
-    for line in drift_summary(df):
+    for line in drift_summary(df, table=res["tables"]["drift"]):
         print(f"[triage] {line}")
-    psp = per_step_phase(df)
+    psp = res["tables"]["per_step_phase"]
     if not psp.empty:
         per_step = psp.groupby(["scenario", "step"])["n_tensors"].sum()
         for (scen_name, step), n in per_step.items():
