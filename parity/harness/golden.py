@@ -157,9 +157,10 @@ class Record:
     path: Path | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory: dict[int, dict[str, torch.Tensor]] | None = field(default=None, repr=False)
-    read: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
-    """Stored steps already read from ``path`` and checked against their digests: a triage row
-    per differing tensor asks for its step again, and a step file holds every tensor of it."""
+    last_read: tuple[int, dict[str, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
+    """The stored step last read from ``path`` and checked against its digests, with its tensors:
+    triage asks for a step once per differing tensor there, in step order, and a step file holds
+    every tensor of the step. One step only, so a large model's record holds no more than one."""
 
     @property
     def fingerprint(self) -> str:
@@ -173,8 +174,8 @@ class Record:
         """Rank 0's tensors at a stored step, checked against the recorded digests."""
         if self.memory is not None:
             return self.memory[step]
-        if step in self.read:
-            return self.read[step]
+        if self.last_read is not None and self.last_read[0] == step:
+            return self.last_read[1]
         if step not in self.tensor_steps or self.path is None:
             raise GoldenError(f"record {self.path} stores no tensors for step {step}")
         try:
@@ -186,7 +187,7 @@ class Record:
             if k not in rank0.keys or tensor_sha256(t)[:DIGEST_HEX] != rank0.digests[k][step]:
                 raise GoldenError(f"golden {self.path}: stored tensor {k!r} of step {step} does not match its "
                                   "digest; the golden was modified after recording, regenerate it")
-        self.read[step] = tensors
+        self.last_read = (step, tensors)
         return tensors
 
 

@@ -345,21 +345,23 @@ def test_stored_tensor_that_disagrees_with_its_digest(tmp_path):
         golden.compare(g, record())
 
 
-def test_a_stored_step_is_read_and_verified_once(tmp_path, monkeypatch):
-    """Triage asks a record for a stored step once per differing tensor there; the step file (every
-    tensor of the step) is read and checked against the digests the first time only."""
+def test_a_stored_step_is_read_once_per_pass_not_per_row(tmp_path, monkeypatch):
+    """Triage asks a record for a stored step once per differing tensor there (in step order); the
+    step file, which holds every tensor of the step, is read and checked against the digests once
+    per pass over the steps: once by the comparison, once by the triage rows."""
     from parity.harness import triage
 
     g = golden.load(write(tmp_path))
     run = golden.load(write(tmp_path / "run", version=1))  # every tensor differs at every step
     reads = []
     real = golden.read_snapshot
-    monkeypatch.setattr(golden, "read_snapshot", lambda path: reads.append(path.name) or real(path))
+    monkeypatch.setattr(golden, "read_snapshot", lambda path: reads.append(str(path)) or real(path))
     c = golden.compare(g, run)  # reads the stored steps of both records for the drift table
     rows, _ = triage.golden_rows("tiny", c, {}, {})
     at_stored = [r for r in rows if r["step"] in (0, 3) and r["rank"] == 0 and r["max_ulp"] is not None]
-    assert len(at_stored) > 2  # several rows per stored step, each with element statistics
-    assert sorted(reads) == 2 * ["tensors_step_00000.safetensors"] + 2 * ["tensors_step_00003.safetensors"]
+    assert len(at_stored) > 4  # several rows per stored step, each with element statistics
+    files = [str(rec.path / f"tensors_step_{s:05d}.safetensors") for rec in (g, run) for s in (0, 3)]
+    assert sorted(reads) == sorted(2 * files)
 
 
 # ----------------------------------------------------------------------------------------------
