@@ -5,7 +5,7 @@ params bumped at step 1, so nearly every tensor of the later steps differs, save
 ``--snapshot all``, and the golden of its clean configuration. Then times, each in a fresh process
 (wall seconds and peak resident memory from the OS), the two triages a user runs on it:
 ``parity triage RUN`` (the run's own divergences, made exact from the snapshots) and ``parity
-triage RUN --against golden``. Prints the snapshot bytes read alongside.
+triage RUN --against golden``. Prints the run's snapshot size alongside.
 
     python tools/bench_triage.py                 # in a temporary directory (about 2 minutes to set up)
     python tools/bench_triage.py --keep DIR      # make the run in DIR once, then reuse it

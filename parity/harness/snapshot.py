@@ -358,11 +358,13 @@ def read_snapshot(
                 names = list(keys)
             for k in names:
                 t = f.get_tensor(k)  # a view of the memory-mapped file
-                if copy or str(device) != "cpu":
-                    t = t.clone()
                 if k in encoded:
                     t = t.view(encoded[k])
-                out[k] = t if str(device) == "cpu" else t.to(device)
+                if str(device) != "cpu":
+                    t = t.to(device)  # a copy already
+                elif copy:
+                    t = t.clone()
+                out[k] = t
         except safetensors.SafetensorError as e:
             raise SnapshotError(f"snapshot {path} is truncated or corrupt ({e}); re-create it") from None
         except OSError as e:

@@ -1141,12 +1141,13 @@ def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
         out.append(_md_table(psp, ["step", "phase", "n_tensors", "n_compared", "frac_tensors", "n_diff", "frac_diff",
                                    "max_ulp", "median_ulp"], max_rows=200))
         out += ["### Per layer", ""]
-        out.append(_md_table(_of(tables["per_layer"], name), ["layer", "first_step", "first_phase", "first_tensor", "n_steps",
-                                              "n_tensors", "n_diff", "max_ulp", "median_ulp"]))
+        out.append(_md_table(_of(tables["per_layer"], name),
+                             ["layer", "first_step", "first_phase", "first_tensor", "n_steps", "n_tensors", "n_diff",
+                              "max_ulp", "median_ulp"]))
         out += ["### Per param (first 40 by first divergence)", ""]
-        out.append(_md_table(_of(tables["per_param"], name), ["param", "layer", "first_step", "first_phase", "first_tensor",
-                                              "n_steps", "n_tensors", "n_diff", "max_ulp", "median_ulp"],
-                             max_rows=40))
+        out.append(_md_table(_of(tables["per_param"], name),
+                             ["param", "layer", "first_step", "first_phase", "first_tensor", "n_steps", "n_tensors",
+                              "n_diff", "max_ulp", "median_ulp"], max_rows=40))
     out += ["## Plots", ""]
     plots = plots or {}
     if plots.get("skipped"):

@@ -400,7 +400,7 @@ def test_snapshot_views_match_the_copies(tmp_path):
     p = write_snapshot(tmp_path / "step_00000_rank_000.safetensors", caps, {"step": "0"})
     fast, (slow, _) = triage._load_snapshot(p), read_snapshot(p)
     gc.collect()  # the reader's file handle is gone; the views keep the mapping
-    assert set(fast) == set(slow)
+    assert set(fast) == set(slow) == set(caps)
     for k in slow:
         assert fast[k].dtype == slow[k].dtype and torch.equal(fast[k].view(torch.uint8), slow[k].view(torch.uint8))
     write_snapshot(p, {k: torch.zeros_like(t) for k, t in caps.items()}, {"step": "0"})
