@@ -1,3 +1,4 @@
+import fcntl
 import os
 import socket
 
@@ -31,17 +32,43 @@ def single_rank():
     yield
 
 
-# The suite's longest single test first, then every other multi-rank (`slow`) case, the unit tests
-# last. With `--dist worksteal` (set below when -n is given) each xdist worker takes half of this list and an
-# idle worker steals the back half of the other's queue: the long cases start early and the short
-# ones fill in at the end. xdist's default `load` mode hands out fixed chunks: in file order a
-# worker was left alone with the torchrun cases for the last minute, and in this order with the
-# scenario cases for five (docs/measurements.md, eighth session).
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_filling_test_at_a_time(request, tmp_path_factory):
+    """Under xdist, a test whose ranks fill the CPUs (marked ``ranks(n)``, n at least the CPUs this
+    process may use) holds a lock shared by the workers while it runs: two of them at once put
+    twice the ranks on the CPUs, and cost more CPU than one after the other (the scenario matrix on
+    2 CPUs: 282 busy CPU-s under -n 2, 252 one test at a time; docs/measurements.md, twenty-third
+    session). The other worker meanwhile runs the tests that leave a CPU free."""
+    marker = request.node.get_closest_marker("ranks")
+    if "PYTEST_XDIST_WORKER" not in os.environ or marker is None or marker.args[0] < _usable_cpus():
+        yield
+        return
+    # the parent of a worker's base temp is the run's, shared by its workers
+    with open(tmp_path_factory.getbasetemp().parent / "cpu-filling-tests.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+# Tests whose ranks fill the CPUs (see above) first, the one-process tests next, then the torchrun
+# cases and every other multi-rank (`slow`) case. With `--dist worksteal` (set below when -n is
+# given) each xdist worker takes half of this list and an idle worker steals the back half of the
+# other's queue: one worker starts on the CPU-filling tests, which run one at a time anyway, while
+# the other runs the one-process tests and the multi-rank ones that leave a CPU free (a torchrun
+# job's agents, a rank waiting out a timeout); the short ones fill in at the end.
 def pytest_collection_modifyitems(config, items):
+    cpus = _usable_cpus()
+
     def rank(item):
-        if item.path.name == "test_torchrun.py":
+        marker = item.get_closest_marker("ranks")
+        if marker is not None and marker.args[0] >= cpus:
             return 0
-        return 1 if item.get_closest_marker("slow") else 2
+        if not item.get_closest_marker("slow"):
+            return 1
+        return 2 if item.path.name == "test_torchrun.py" else 3
 
     items[:] = [item for _, item in sorted(enumerate(items), key=lambda p: (rank(p[1]), p[0]))]
 

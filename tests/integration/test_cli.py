@@ -101,6 +101,7 @@ def test_inject_one_ulp_is_localized(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_clean_run_passes_with_junit(tmp_path):
     out = tmp_path / "o"
     r = parity("run", "--world", "2", "--steps", "3", "--out", str(out), "--junit", str(tmp_path / "j.xml"),

@@ -481,6 +481,7 @@ def _shipped_default_or_approx() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(4)
 def test_run_checks_the_shipped_golden_by_default_and_a_changed_eps_fails(tmp_path):
     extra = _shipped_default_or_approx()
     r = parity("run", "--steps", "3", "--quiet", "--out", tmp_path / "ok", *extra)
@@ -508,6 +509,7 @@ def test_run_checks_the_shipped_golden_by_default_and_a_changed_eps_fails(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(4)
 @pytest.mark.parametrize("flags, scenario", [(["--recipe", "blockwise", "--ep", "8"], "blockwise-moe-w8-ep8-overlap-off"),
                                              (["--recipe", "mxfp8"], "mxfp8-moe-w4-ep2")],
                          ids=["blockwise-ep8", "mxfp8"])

@@ -16,9 +16,9 @@ import torch
 
 from parity.harness.launch import LaunchConfig, launch
 
-pytestmark = pytest.mark.slow
-
 WORLD, EP = 4, 2
+
+pytestmark = [pytest.mark.slow, pytest.mark.ranks(WORLD)]
 
 
 def _rank(ctx, fp8: bool) -> dict:

@@ -164,7 +164,7 @@ def _launch_expecting_failure(fn, cfg, *args):
 @pytest.mark.parametrize(
     "world_size,start_method",
     # 4 spawned ranks import torch 4 times: ~5 s on 2 idle cores, hence slow
-    [(2, "spawn"), pytest.param(4, "spawn", marks=pytest.mark.slow), (4, "forkserver")],
+    [(2, "spawn"), pytest.param(4, "spawn", marks=[pytest.mark.slow, pytest.mark.ranks(4)]), (4, "forkserver")],
 )
 def test_launch_results_in_rank_order(world_size, start_method, capfd, monkeypatch):
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)  # an unpinned parent, as a pytest worker is

@@ -37,6 +37,7 @@ W4_OVERLAP = dict(world=4, moe=True, ep=2, overlap=True)
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(4)
 def test_clean_overlap_run_checks_every_window():
     entry, results = run(W4_OVERLAP, steps=2)
     assert entry["status"] == "pass", (entry["first_divergence"], entry["failed_checks"])
@@ -49,6 +50,7 @@ def test_clean_overlap_run_checks_every_window():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(4)
 def test_missing_prehooks_fail_at_the_first_stale_weight():
     """Without the harness's forced gather the pre-hooks are the only gather: a group without
     them leaves its params stale in the next forward (the first use names the param)."""
@@ -63,6 +65,7 @@ def test_missing_prehooks_fail_at_the_first_stale_weight():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(4)
 def test_wait_on_the_wrong_handle_is_caught():
     entry, results = run(W4_OVERLAP, Fault.WAIT_WRONG_HANDLE.value, steps=2)
     assert entry["first_divergence"]["phase"] == "param_sync"
@@ -70,6 +73,7 @@ def test_wait_on_the_wrong_handle_is_caught():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_padded_pair_compares_the_pre_hook_gather_with_the_eager_one():
     """On the padded layout the overlapped side gathers the shard-aligned buffers (DistOpt style)
     in its pre-hooks, the reference right after the step: a broken pre-hook path fails the pair."""
@@ -96,6 +100,7 @@ def test_cli_overlap_run_exits_1_naming_the_stale_param(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_one_ulp_in_a_weight_before_use_is_caught_at_param_sync():
     """Under overlap param_sync of step 1 is captured in step 2's forward, before the weight is
     used: a one-ULP change there is reported at (1, param_sync) and then propagates."""
@@ -106,6 +111,7 @@ def test_one_ulp_in_a_weight_before_use_is_caught_at_param_sync():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_force_sync_payload_is_seen_only_by_the_post_condition():
     """The payload a force_sync leaves in grad_data is wiped by the next step's zeroing, so no
     comparison of two stacks' buffers or values can see it (zeros vs zeros): only the check of the
@@ -120,6 +126,7 @@ def test_force_sync_payload_is_seen_only_by_the_post_condition():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 @pytest.mark.parametrize("overlap", [False, True])
 def test_microbatches_pass_and_record_each_microbatch(overlap):
     entry, results = run(dict(world=2, overlap=overlap, microbatches=3, recipe="mxfp8"), steps=2)
@@ -130,6 +137,7 @@ def test_microbatches_pass_and_record_each_microbatch(overlap):
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_regathering_during_accumulation_is_caught():
     entry, results = run(dict(world=2, overlap=True, microbatches=2),
                          Fault.PAYLOAD_IN_GRAD_DURING_ACCUMULATION.value, steps=2)
@@ -140,6 +148,7 @@ def test_regathering_during_accumulation_is_caught():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_stale_fp8_cache_is_caught_on_the_side_that_has_it():
     # The cache exists for bf16 weights only: the test side runs them (fp8 param gather OFF),
     # deferred gather against eager.
@@ -182,6 +191,7 @@ def _async_gather_rank(ctx) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_param_gather_is_asynchronous_and_finished_by_the_pre_hook():
     from parity.harness.launch import LaunchConfig, launch
 
@@ -249,6 +259,7 @@ def _forced_sync_rank(ctx) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_forced_param_sync_mid_run_is_recorded_and_changes_nothing():
     from parity.harness.launch import LaunchConfig, launch
 

@@ -33,6 +33,7 @@ def _run(stale: bool) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_a_stale_replica_on_one_rank_fails_the_replica_check():
     for res in _run(stale=True):
         assert res["divergences"] == [], res["divergences"][:2]  # ON == OFF on every rank
@@ -43,6 +44,7 @@ def test_a_stale_replica_on_one_rank_fails_the_replica_check():
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_the_same_run_unpatched_passes_the_replica_check():
     for res in _run(stale=False):
         assert res["divergences"] == []

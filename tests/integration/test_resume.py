@@ -158,6 +158,7 @@ def test_resume_from_with_reshard_checks_the_loaded_state(single_rank, saved, tm
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(4)
 def test_a_failed_save_overwrites_nothing(tmp_path):
     """The padding-only-shard fault makes DCP refuse the save: what was at the checkpoint path
     before stays as it was, and no partial directory is left."""

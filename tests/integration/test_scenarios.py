@@ -56,8 +56,14 @@ def test_scenarios_exist_and_cover_the_matrix():
     assert any(s.layout == "padded" for s in SCENARIOS)
 
 
+def ranks(s) -> int:
+    """CPU ranks a run of ``s`` has at once (a resume at another world restarts at that one)."""
+    return max(s.world, s.resume_world or 0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", RUN, ids=[s.name for s in RUN])
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.ranks(ranks(s))) for s in RUN],
+                         ids=[s.name for s in RUN])
 def test_scenario_passes(scenario):
     why = goldens_cli.why_not_runnable(scenario)
     if why:

@@ -10,9 +10,9 @@ import pytest
 
 from parity.harness.faults import CATALOGUE
 from parity.harness.scenario import load_all
-from parity.harness.selftest import CASES, QUICK_SET, run_selftest
+from parity.harness.selftest import CASES, QUICK_SET, run_selftest, scenario
 
-from test_scenarios import COVERED, RUN, checked_steps  # (tests/integration is on sys.path)
+from test_scenarios import COVERED, RUN, checked_steps, ranks  # (tests/integration is on sys.path)
 
 
 def test_every_catalogued_fault_has_a_case():
@@ -30,7 +30,8 @@ def test_every_case_scenario_runs_clean_and_whole_in_test_scenarios():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", sorted(CASES))
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.ranks(ranks(scenario(CASES[f][0]))))
+                                   for f in sorted(CASES)])
 def test_fault_is_caught(fault):
     (row,) = run_selftest([fault], out=lambda *_: None, clean_runs=False)
     assert row["clean_passes"] is None

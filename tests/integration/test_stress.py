@@ -95,6 +95,7 @@ def test_ftz_scale_inv_needs_a_tiny_block(single_rank):
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(2)
 def test_fail_fast_stops_every_rank_when_one_diverges():
     """Regression: the dead expert's tiny block lives on EP rank 1 only, so only rank 1 sees the
     flushed scale_inv. fail_fast used to stop that rank alone; rank 0 then waited in the next
