@@ -258,6 +258,7 @@ def test_requires_grad_and_parameters():
     assert compare_tensors(p, torch.ones(3), "p").equal
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda():
     a = torch.randn(1 << 20, device="cuda")

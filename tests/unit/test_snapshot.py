@@ -202,6 +202,7 @@ def test_tensor_sha256():
     assert tensor_sha256(torch.tensor(0.0)) != tensor_sha256(torch.tensor(-0.0))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tensors_round_trip(tmp_path):
     buf = torch.randn(64, device="cuda")
