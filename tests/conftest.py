@@ -7,6 +7,8 @@ import threadpoolctl
 import torch
 import torch.distributed as dist
 
+from parity.harness.forkserver import usable_cpus
+
 # Every test process computes on one thread, as every rank does (parity.distributed.determinism):
 # the two xdist workers share 2 CPUs, and an idle pool thread of torch's OpenMP or of numpy's
 # OpenBLAS spins on a CPU the other worker needs. Measured: the 133 in-process tests under -n 2
@@ -32,10 +34,6 @@ def single_rank():
     yield
 
 
-def _usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @pytest.fixture(autouse=True)
 def _one_cpu_filling_test_at_a_time(request, tmp_path_factory):
     """Under xdist, a test whose ranks fill the CPUs (marked ``ranks(n)``, n at least the CPUs this
@@ -44,7 +42,7 @@ def _one_cpu_filling_test_at_a_time(request, tmp_path_factory):
     2 CPUs: 282 busy CPU-s under -n 2, 252 one test at a time; docs/measurements.md, twenty-third
     session). The other worker meanwhile runs the tests that leave a CPU free."""
     marker = request.node.get_closest_marker("ranks")
-    if "PYTEST_XDIST_WORKER" not in os.environ or marker is None or marker.args[0] < _usable_cpus():
+    if "PYTEST_XDIST_WORKER" not in os.environ or marker is None or marker.args[0] < usable_cpus():
         yield
         return
     # the parent of a worker's base temp is the run's, shared by its workers
@@ -60,7 +58,7 @@ def _one_cpu_filling_test_at_a_time(request, tmp_path_factory):
 # the other runs the one-process tests and the multi-rank ones that leave a CPU free (a torchrun
 # job's agents, a rank waiting out a timeout); the short ones fill in at the end.
 def pytest_collection_modifyitems(config, items):
-    cpus = _usable_cpus()
+    cpus = usable_cpus()
 
     def rank(item):
         marker = item.get_closest_marker("ranks")

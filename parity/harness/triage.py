@@ -998,12 +998,14 @@ def diagnose(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None) -> str:
     return "; ".join(f"{n}: {line}" for n, line in zip(names, lines))
 
 
-def drift_summary(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
-                  table: pd.DataFrame | None = None) -> list[str]:
-    """Per scenario with a divergence, one line on how the drift evolves after the first step
-    (``table``: :func:`drift` of ``df``, where the caller has it already)."""
+def drift_summary(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None) -> list[str]:
+    """Per scenario with a divergence, one line on how the drift evolves after the first step."""
+    return _drift_lines(drift(df, meta=meta))
+
+
+def _drift_lines(dr: pd.DataFrame) -> list[str]:
+    """:func:`drift_summary` from the :func:`drift` table ``dr``."""
     out = []
-    dr = drift(df, meta=meta) if table is None else table
     for scen, g in dr.groupby("scenario", sort=True):
         g = g[g["step"] >= 0]
         if g.empty:
@@ -1130,7 +1132,7 @@ def render_markdown(df: pd.DataFrame, *, meta: Mapping[str, Any] | None = None,
                 f"the divergence originates in **{org['phase']}**.", ""]
         out += ["### Drift per step", ""]
         dr = _of(tables["drift"], name)
-        out += [f"- {line.split(': ', 1)[1]}" for line in drift_summary(sub, meta=m, table=dr)] + [""]
+        out += [f"- {line.split(': ', 1)[1]}" for line in _drift_lines(dr)] + [""]
         out.append(_md_table(dr, ["step", "n_tensors", "n_names", "n_diff", "frac_diff", "max_ulp", "median_ulp",
                                   "growth", "phases"]))
         out += ["n_tensors: differing tensor comparisons (tensor x rank); n_names: distinct tensor names; "
@@ -1225,7 +1227,7 @@ def triage_command(args) -> int:
     m = df.attrs.get("parity") or {}
     scen = m.get("scenarios") or {}
     print(f"[triage] {diagnose(df)}")
-    for line in drift_summary(df, table=res["tables"]["drift"]):
+    for line in _drift_lines(res["tables"]["drift"]):
         print(f"[triage] {line}")
     psp = res["tables"]["per_step_phase"]
     if not psp.empty:

@@ -9,10 +9,13 @@ another scenario runs for longer is run there, and its goldens are checked equal
 import pytest
 
 from parity.harness.faults import CATALOGUE
-from parity.harness.scenario import load_all
-from parity.harness.selftest import CASES, QUICK_SET, run_selftest, scenario
+from parity.harness.selftest import CASES, QUICK_SET, run_selftest
 
-from test_scenarios import COVERED, RUN, checked_steps, ranks  # (tests/integration is on sys.path)
+from test_scenarios import COVERED, RUN, SCENARIOS, checked_steps, ranks  # (tests/integration is on sys.path)
+
+_SHIPPED = {s.name: s for s in SCENARIOS}
+CASE_SCENARIO = {fault: _SHIPPED.get(f"{QUICK_SET}-{key}") for fault, (key, _) in CASES.items()}
+"""fault -> its case's shipped scenario (None where it is missing: the first test below says so)."""
 
 
 def test_every_catalogued_fault_has_a_case():
@@ -21,17 +24,16 @@ def test_every_catalogued_fault_has_a_case():
 
 
 def test_every_case_scenario_runs_clean_and_whole_in_test_scenarios():
-    shipped = {s.name: s for s in load_all()}
     for fault, (key, _) in CASES.items():
-        s = shipped.get(f"{QUICK_SET}-{key}")
+        s = CASE_SCENARIO[fault]
         assert s is not None, f"{fault}: its scenario {QUICK_SET}-{key} is not a shipped scenario"
         ran = COVERED.get(s.name, s)
         assert ran in RUN and checked_steps(ran) >= s.steps, f"{s.name}: test_scenarios runs only a prefix"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.ranks(ranks(scenario(CASES[f][0]))))
-                                   for f in sorted(CASES)])
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.ranks(ranks(s) if s else 0))
+                                   for f, s in sorted(CASE_SCENARIO.items())])
 def test_fault_is_caught(fault):
     (row,) = run_selftest([fault], out=lambda *_: None, clean_runs=False)
     assert row["clean_passes"] is None
