@@ -31,6 +31,11 @@ import traceback
 
 PARITY = [sys.executable, "-m", "parity.cli"]
 
+ENV_AT_IMPORT = dict(os.environ)
+"""The test process's environment at collection, before any fixture ran: a fixture that changes an
+early variable of it (below) sends every later command to a fresh interpreter, whenever the server
+started before it."""
+
 _EARLY_PREFIXES = ("ATEN_", "MKL_", "OMP_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "LD_",
                    "PYTHON", "TORCH", "CUDA", "CUBLAS", "NCCL_", "GLOO_", "TRITON", "NVTE_",
                    "PARITY_TRITON", "MASTER_", "RANK", "LOCAL_", "WORLD_", "GROUP_", "ROLE_")

@@ -1,6 +1,5 @@
 import fcntl
 import os
-import socket
 
 import pytest
 import threadpoolctl
@@ -18,19 +17,16 @@ torch.set_num_threads(1)
 threadpoolctl.threadpool_limits(1, user_api="blas")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def single_rank():
-    """A real gloo process group of world 1 in this test process (for single-rank stacks)."""
+    """A real gloo process group of world 1 in this test process (for single-rank stacks).
+
+    Its store lives in this process: no MASTER_ADDR/MASTER_PORT in os.environ, which every later
+    command of tests/cli_fork.py would inherit and, as variables torch.distributed reads, be run in a
+    fresh interpreter for (39 commands of the suite were, 15 of them importing torch at about 0.9 CPU-s
+    each)."""
     if not dist.is_initialized():
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_free_port())
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
 
 

@@ -262,3 +262,10 @@ def test_the_fork_helper_reads_a_pid_and_an_exit_code_that_arrive_together():
         a.sendall(b"0")
         a.sendall(b"\n")
         assert lines.next() == b"0"
+
+
+def test_the_in_process_group_keeps_commands_forked(single_rank):
+    """conftest's in-process gloo group changes no variable that sends a command of tests/cli_fork.py
+    to a fresh interpreter. With MASTER_ADDR/MASTER_PORT set for it (env:// rendezvous), every command
+    after it ran in one whenever the fork server had started first: 39 commands of the suite."""
+    assert not cli_fork._needs_fresh_interpreter(dict(os.environ), cli_fork.ENV_AT_IMPORT)
