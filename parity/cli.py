@@ -197,12 +197,12 @@ def main(argv=None) -> int:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_RUNTIME
     except Exception as e:  # never a traceback for the user; PARITY_DEBUG=1 shows it
-        # (not imported here: it imports torch, which may be what failed to import)
-        determinism = sys.modules.get("parity.distributed.determinism")
+        from parity.distributed.env_contract import DeterminismError
+
         if isinstance(e, BrokenPipeError) and _stdout_reader_gone():
             _stdout_to_devnull()  # nobody reads stdout any more: nothing to say, nowhere to say it
             return EXIT_BROKEN_PIPE
-        if determinism is not None and isinstance(e, determinism.DeterminismError):
+        if isinstance(e, DeterminismError):
             print(f"parity: {_one_line(e)}", file=sys.stderr)
             code = EXIT_USAGE
         else:
@@ -281,7 +281,7 @@ def _torchrun_start(args, argv):
     import_torch_uncollected()
     import torch
 
-    from parity.distributed.determinism import DETERMINISM_ENV
+    from parity.distributed.env_contract import DETERMINISM_ENV
     from parity.harness.errors import ConfigError, UsageError
     from parity.harness.launch import torchrun_job
 
@@ -439,6 +439,7 @@ def cmd_run(args, argv) -> int:
     from parity.harness.errors import RuntimeFailure, UsageError
     from parity.harness.faults import parse_injection
     from parity.harness.forkserver import start_early
+    from parity.harness.torchrun_env import is_report_writer
 
     # The input first, without torch: bad input is answered in a fraction of a second.
     injections = tuple(parse_injection(s) for s in args.inject)
@@ -456,22 +457,21 @@ def cmd_run(args, argv) -> int:
         args.golden = "off" if args.resume_from else "check"
     if args.reshard and not args.resume_from:
         raise UsageError("--reshard applies to --resume-from (resume_world reshards a resume_at scenario)")
-    start_early({s.device for s in scenarios})  # the input is valid: a server imports beside us
-    import_torch_uncollected()
-    from parity.harness import report as rep
-    from parity.harness.driver import run_scenario
-    from parity.harness.launch import is_report_writer
-    from parity.harness.platform import platform_fingerprint
-    from parity.harness.runner import RunOptions
-
     _check_determinism_env(args.allow_nondeterministic)
-    # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
-    platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
-                 for dev in dict.fromkeys(s.device for s in scenarios)}
     out = _prepare_out(args.out)  # every rank: each writes its own snapshots there
     writer = is_report_writer()  # under torchrun global rank 0 alone writes report, summary, JUnit
     if args.junit and writer:
         _check_writable_file(args.junit, "--junit")
+    start_early({s.device for s in scenarios})  # the input is valid: a server imports beside us
+    import_torch_uncollected()
+    from parity.harness import report as rep
+    from parity.harness.driver import run_scenario
+    from parity.harness.platform import platform_fingerprint
+    from parity.harness.runner import RunOptions
+
+    # Fingerprint every device now: a CUDA scenario without CUDA is refused before any rank starts.
+    platforms = {dev: platform_fingerprint(dev, "nccl" if dev == "cuda" else "gloo")
+                 for dev in dict.fromkeys(s.device for s in scenarios)}
     found = {}
     if args.golden != "off":  # an unusable golden stops us here, before anything runs
         from parity.harness.goldens_cli import prepare
@@ -575,7 +575,7 @@ def _check_writable_file(path: str, what: str) -> None:
 def _check_determinism_env(allow: bool) -> None:
     """Refuse a determinism environment that contradicts the contract before any rank starts
     (the ranks and the launcher check it too, but only after the scenarios are loaded)."""
-    from parity.distributed.determinism import validate_determinism_env
+    from parity.distributed.env_contract import validate_determinism_env
     from parity.harness.errors import ConfigError
 
     violations = validate_determinism_env(os.environ)

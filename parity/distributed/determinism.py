@@ -4,6 +4,7 @@ Entry points:
 
 - :data:`DETERMINISM_ENV`: the environment variables every rank runs with unless told otherwise.
 - :func:`validate_determinism_env`: the list of violations in an environment mapping.
+  (These two live in :mod:`parity.distributed.env_contract`, which imports no torch.)
 - :func:`apply_determinism`: validate, fill in the defaults, and put torch in deterministic mode.
 - :func:`empty`: the stack's uninitialized allocations, filled so that a read of them shows.
 
@@ -26,6 +27,13 @@ from typing import Any
 import threadpoolctl
 import torch
 
+from parity.distributed.env_contract import (
+    ACCEPTED_CUBLAS_WORKSPACE_CONFIGS,
+    ACCEPTED_NCCL_ALGO_TOKENS,
+    DETERMINISM_ENV,
+    DeterminismError,
+    validate_determinism_env,
+)
 from parity.distributed.pins import CPU_PINS, OPENBLAS_CORETYPE
 
 __all__ = [
@@ -42,25 +50,6 @@ __all__ = [
     "openblas_coretype",
     "validate_determinism_env",
 ]
-
-DETERMINISM_ENV: dict[str, str] = {
-    # Ring's reduction order is fixed by the ring; Tree's depends on the topology NCCL detects.
-    "NCCL_ALGO": "Ring",
-    # NVLink SHARP reduces inside the switch, in an order the user cannot control.
-    "NCCL_NVLS_ENABLE": "0",
-    # cuBLAS is deterministic only with a fixed workspace (see the cuBLAS "Results reproducibility"
-    # notes); torch.use_deterministic_algorithms refuses CUDA matmuls without it.
-    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-    # TransformerEngine: no atomics-based kernels (e.g. some fused attention / grouped-MLP backward).
-    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
-    # One hardware queue: kernels (compute and communication) start in issue order.
-    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-}
-if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 11):
-    # Free NCCL buffers by stream synchronisation rather than recordStream, so memory is reused in
-    # the same order every run. From torch 2.11 on this is the default and setting the variable
-    # only makes every NCCL rank print a deprecation warning (seen with 2.11 on H200).
-    DETERMINISM_ENV["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
 
 _ISA_ORDER = ("default", "avx2", "avx512")
 
@@ -127,80 +116,6 @@ def openblas_coretype() -> str | None:
         if lib.get("internal_api") == "openblas":
             return lib.get("architecture")
     return None
-
-
-# NCCL_ALGO is a comma-separated list. Ring and the CollNet variants reduce in a fixed order;
-# "^NVLS" (everything except NVLS) is accepted as Megatron does. Tree is rejected: its reduction
-# order follows the detected topology and is not user-controllable. Anything else is rejected too,
-# including NCCL's per-collective "allreduce:ring;..." syntax, which this check does not parse.
-ACCEPTED_NCCL_ALGO_TOKENS: frozenset[str] = frozenset({"Ring", "CollnetDirect", "CollnetChain", "^NVLS"})
-
-# The two workspace sizes cuBLAS documents as reproducible.
-ACCEPTED_CUBLAS_WORKSPACE_CONFIGS: frozenset[str] = frozenset({":4096:8", ":16:8"})
-
-# Variables with exactly one accepted value.
-_SINGLE_VALUED = {"NCCL_NVLS_ENABLE": "0", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
-
-
-class DeterminismError(Exception):
-    """The environment asks for a nondeterministic setting; raised before anything runs."""
-
-    exit_code = 2
-
-
-def _check_nccl_algo(value: str) -> str | None:
-    """The reason ``NCCL_ALGO=value`` is rejected, or None when it is accepted."""
-    tokens = [t.strip() for t in value.split(",")]
-    if not value.strip() or any(not t for t in tokens):
-        return "empty token (an empty NCCL_ALGO lets NCCL pick, which may pick Tree)"
-    accepted = {t.lower(): t for t in ACCEPTED_NCCL_ALGO_TOKENS}  # NCCL matches case-insensitively
-    bad = [t for t in tokens if t.lower() not in accepted]
-    if not bad:
-        return None
-    if any(t.lower() == "tree" for t in bad):
-        return "Tree's reduction order depends on the detected topology"
-    return f"unknown token(s) {', '.join(repr(t) for t in bad)}"
-
-
-def validate_determinism_env(env: Mapping[str, str]) -> list[str]:
-    """Check an environment mapping against the determinism rules.
-
-    Only variables that are set are checked; unset ones get their default from
-    :data:`DETERMINISM_ENV` in :func:`apply_determinism`.
-
-    Args:
-        env: the environment to check, e.g. ``os.environ``.
-
-    Returns:
-        One line per violation, naming the variable, its value and the accepted values;
-        empty when the environment is acceptable.
-    """
-    violations: list[str] = []
-    algo = env.get("NCCL_ALGO")
-    if algo is not None:
-        reason = _check_nccl_algo(algo)
-        if reason is not None:
-            accepted = ", ".join(sorted(ACCEPTED_NCCL_ALGO_TOKENS))
-            violations.append(
-                f"NCCL_ALGO={algo!r}: {reason}; accepted: a comma-separated list of {accepted}"
-            )
-    for name, good in _SINGLE_VALUED.items():
-        value = env.get(name)
-        if value is not None and value.strip() != good:
-            violations.append(f"{name}={value!r}: accepted: {good!r}")
-    cublas = env.get("CUBLAS_WORKSPACE_CONFIG")
-    if cublas is not None and cublas.strip() not in ACCEPTED_CUBLAS_WORKSPACE_CONFIGS:
-        accepted = " or ".join(repr(v) for v in sorted(ACCEPTED_CUBLAS_WORKSPACE_CONFIGS))
-        violations.append(f"CUBLAS_WORKSPACE_CONFIG={cublas!r}: accepted: {accepted}")
-    # Fail closed: every other variable of the contract (e.g. CUDA_DEVICE_MAX_CONNECTIONS) has
-    # exactly its default as accepted value; a contradicting value is a violation, not a pass.
-    for name, good in DETERMINISM_ENV.items():
-        if name in _SINGLE_VALUED or name in ("NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG"):
-            continue
-        value = env.get(name)
-        if value is not None and value.strip() != good:
-            violations.append(f"{name}={value!r}: accepted: {good!r}")
-    return violations
 
 
 def empty(shape, *, dtype: torch.dtype, device) -> torch.Tensor:

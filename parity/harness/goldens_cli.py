@@ -127,7 +127,7 @@ def _run(s, args):
     (a failed run, or a torchrun worker other than global rank 0, which alone holds every rank's
     records and writes goldens)."""
     from parity.harness.driver import run_scenario
-    from parity.harness.launch import is_report_writer
+    from parity.harness.torchrun_env import is_report_writer
     from parity.harness.runner import RunOptions
 
     entry, results = run_scenario(s, RunOptions(golden_digests=True, progress=False, snapshot="none"))

@@ -75,7 +75,7 @@ import torch.distributed as dist
 from parity.distributed.determinism import apply_determinism
 from parity.distributed.pins import pinned_before_torch, pinned_environ
 from parity.harness.forkserver import PRELOAD, context, forks_cpu_ranks
-from parity.harness.torchrun_env import under_torchrun
+from parity.harness.torchrun_env import is_report_writer, under_torchrun
 
 __all__ = [
     "FailedRank",
@@ -298,12 +298,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def is_report_writer() -> bool:
-    """Whether this process writes a run's shared outputs (report, JUnit, goldens): always, except
-    under torchrun, where global rank 0 alone does."""
-    return not under_torchrun() or torchrun_job().rank == 0
 
 
 def launch(fn: Callable[..., Any], cfg: LaunchConfig | None, *args: Any) -> list[Any] | None:

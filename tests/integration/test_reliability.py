@@ -199,17 +199,29 @@ def test_missing_scenario_file(tmp_path):
     check(parity("run", path, "--out", tmp_path / "o"), 2, str(path), "cannot read scenario file")
 
 
-@pytest.mark.parametrize("args", [["BAD_FILE"], ["default", "--inject", "no-such-fault"],
-                                  ["default", "--inject", "crash:9:1"]], ids=["file", "fault", "rank"])
-def test_bad_input_is_answered_before_torch_loads(tmp_path, args):
-    """Scenario files, overrides and --inject are checked without torch (and without starting the
-    fork server), so a mistake costs a fraction of a second, not a torch import."""
-    bad = _write(tmp_path, "bad.toml", b"x = [\n")
-    argv = [str(bad) if a == "BAD_FILE" else a for a in args]
+@pytest.mark.parametrize("args, env", [
+    (["BAD_FILE"], {}),
+    (["default", "--inject", "no-such-fault"], {}),
+    (["default", "--inject", "crash:9:1"], {}),
+    (["default"], {"NCCL_ALGO": "Tree"}),
+    (["default", "--out", "A_FILE/sub"], {}),
+    (["default", "--junit", "NO_DIR/j.xml"], {}),
+], ids=["file", "fault", "rank", "determinism-env", "out-dir", "junit-dir"])
+def test_bad_input_is_answered_before_torch_loads(tmp_path, args, env):
+    """Scenario files, overrides, --inject, the determinism environment and the output paths are
+    checked without torch (and without starting the fork server), so a mistake costs a fraction of
+    a second, not a torch import."""
+    subs = {"BAD_FILE": _write(tmp_path, "bad.toml", b"x = [\n"), "A_FILE": _write(tmp_path, "file", "x"),
+            "NO_DIR": tmp_path / "no"}
+    argv = [str(a) for a in args]
+    for name, path in subs.items():
+        argv = [a.replace(name, str(path)) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "o")]
     code = ("import sys; from parity.cli import main; rc = main(['run', *sys.argv[1:]]); "
             "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, *argv, "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                       env=_env(**env))
     assert r.returncode == 2 and "no torch" in r.stdout, r.stdout + r.stderr
 
 
