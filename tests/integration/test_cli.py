@@ -11,6 +11,8 @@ import pytest
 
 from parity.harness.goldens_cli import default_root
 
+pytest_plugins = ["pytester"]
+
 PARITY = [sys.executable, "-m", "parity.cli"]
 
 
@@ -177,16 +179,19 @@ def test_world_larger_than_gpu_count_is_refused_before_launch(monkeypatch):
 
 
 @pytest.mark.slow
-def test_pytest_plugin_collects_scenarios_and_regenerates(tmp_path):
-    (tmp_path / "tiny.toml").write_text('name = "plugin-tiny"\nworld = 2\nsteps = 2\n')
-    base = [sys.executable, "-m", "pytest", "--parity", str(tmp_path / "tiny.toml"), "-q",
-            "-p", "no:cacheprovider", "--parity-goldens", str(tmp_path / "g")]
-    run = lambda *extra: subprocess.run(base + list(extra), capture_output=True, text=True,
-                                        timeout=600, cwd=tmp_path)
-    missing = run()
-    assert missing.returncode == 1 and "no golden for" in missing.stdout
-    assert run("--parity-regen").returncode == 0
-    assert run().returncode == 0
+def test_pytest_plugin_collects_scenarios_and_regenerates(pytester):
+    """The plugin as `pytest --parity FILE` finds it: a pytest session of its own, with the plugins
+    of the installed entry points, run in this process (a fresh interpreter and the fork server it
+    would start cost more than the three sessions' runs; docs/measurements.md, twenty-fourth session)."""
+    pytester.makefile(".toml", tiny='name = "plugin-tiny"\nworld = 2\nsteps = 2\n')
+    base = ["--parity", "tiny.toml", "-q", "-p", "no:cacheprovider", "--parity-goldens", str(pytester.path / "g")]
+    missing = pytester.runpytest_inprocess(*base)
+    assert missing.ret == 1 and "no golden for" in missing.stdout.str()
+    missing.assert_outcomes(failed=1)
+    regen = pytester.runpytest_inprocess(*base, "--parity-regen")
+    regen.assert_outcomes(passed=1)
+    (manifest,) = (pytester.path / "g").glob("plugin-tiny/*/manifest.json")
+    pytester.runpytest_inprocess(*base).assert_outcomes(passed=1)
 
 
 # ---------------------------------------------------------------------------------------------
