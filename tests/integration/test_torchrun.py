@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+import cli_fork
 import pytest
 
 from parity.harness.launch import free_port
@@ -151,9 +152,8 @@ def _worker_tracebacks(agents: Agents) -> list[str]:
 
 
 def parity(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = _env(uuid.uuid4().hex)
-    return subprocess.run(PARITY + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    """The command with the built-in launcher (no torchrun), forked by tests/cli_fork.py's server."""
+    return cli_fork.run(args, env=_env(uuid.uuid4().hex), timeout=timeout)
 
 
 @pytest.fixture
