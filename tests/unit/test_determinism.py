@@ -159,3 +159,20 @@ def test_num_threads_none_leaves_thread_count(restore_torch_switches):
     before = torch.get_num_threads()
     apply_determinism({}, num_threads=None)
     assert torch.get_num_threads() == before
+
+
+def test_the_contract_is_read_without_torch(monkeypatch):
+    """parity.distributed.env_contract is what `parity run` checks before torch loads: it imports no
+    torch, and reads torch's version from the installed metadata, as the loaded torch states it."""
+    import subprocess
+    import sys
+
+    from parity.distributed import env_contract
+
+    code = "import sys, parity.distributed.env_contract; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "False"
+    loaded = env_contract._torch_minor_version()
+    assert loaded == tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    monkeypatch.delitem(sys.modules, "torch")
+    assert env_contract._torch_minor_version() == loaded
