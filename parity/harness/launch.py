@@ -75,7 +75,7 @@ import torch.distributed as dist
 from parity.distributed.determinism import apply_determinism
 from parity.distributed.pins import pinned_before_torch, pinned_environ
 from parity.harness.forkserver import PRELOAD, context, forks_cpu_ranks
-from parity.harness.torchrun_env import is_report_writer, under_torchrun
+from parity.harness.torchrun_env import under_torchrun
 
 __all__ = [
     "FailedRank",
@@ -84,7 +84,6 @@ __all__ = [
     "RankFailure",
     "TorchrunJob",
     "free_port",
-    "is_report_writer",
     "launch",
     "torchrun_job",
     "under_torchrun",

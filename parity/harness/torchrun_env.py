@@ -1,5 +1,6 @@
-"""Whether torchrun started this process. No torch here: the command line asks before it imports
-the launcher (bad input is answered before torch loads), and so does the fork server's start."""
+"""Whether torchrun started this process, and whether this process writes the run's shared outputs.
+No torch here: the command line asks before it imports the launcher (bad input is answered before
+torch loads), and so does the fork server's start."""
 
 from __future__ import annotations
 
