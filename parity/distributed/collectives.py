@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ import torch.distributed as dist
 from parity.distributed.determinism import empty
 
 __all__ = [
+    "AllReduceRoute",
     "CompletedWork",
     "WorkList",
     "all_gather_into",
@@ -249,33 +251,44 @@ def _gather_by_exchange(out: torch.Tensor, send: torch.Tensor, sizes: Sequence[i
 # ---------------------------------------------------------------------------------------------
 
 
+class AllReduceRoute(StrEnum):
+    """How :func:`all_reduce_sum` sums a contiguous tensor on gloo. All three give the same bits;
+    the choice is speed."""
+
+    NATIVE = "native"
+    """gloo's own ring."""
+    EXCHANGE = "exchange"
+    """one all-to-all, then the ring-order sum of each chunk locally."""
+    SPLIT = "split"
+    """two exchanges (large tensors at large worlds)."""
+
+
 def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False):
     """In-place sum all-reduce of ``t``. Returns a work handle when ``async_op``, else None."""
     _refuse_float8(t, "all_reduce_sum")
     world = group_size(group)
     if world == 1:
         return _done(async_op)
-    route = "native"
+    route = AllReduceRoute.NATIVE
     if t.is_contiguous() and _on_gloo(t, group):
         route = all_reduce_route(world, t.numel(), t.element_size())
-    if route == "split":
+    if route == AllReduceRoute.SPLIT:
         return _split_exchange_and_sum(t.view(-1), group, async_op)
-    if route == "exchange":
+    if route == AllReduceRoute.EXCHANGE:
         return _exchange_and_sum(t.view(-1), t.view(-1).expand(world, -1), 0, t.numel(), group, async_op)
     return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_group(group), async_op=async_op)
 
 
-def all_reduce_route(world: int, numel: int, element_size: int) -> str:
-    """How :func:`all_reduce_sum` sums a contiguous tensor on gloo: "split" (two exchanges),
-    "exchange" (one) or "native" (gloo's ring). All three give the same bits; the choice is speed."""
+def all_reduce_route(world: int, numel: int, element_size: int) -> AllReduceRoute:
+    """The route :func:`all_reduce_sum` takes for ``numel`` elements of ``element_size`` bytes."""
     # Fewer elements than 2 x world stay on gloo's ring: there it was the faster of the two (the
     # bits are the same; 1 element at world 8: 0.7-0.8 ms a call against 1.2-1.4 ms, measurements.md).
     if numel < 2 * world:
-        return "native"
+        return AllReduceRoute.NATIVE
     nbytes = numel * element_size
     if world >= SPLIT_MIN_WORLD and nbytes >= SPLIT_MIN_BYTES:
-        return "split"
-    return "exchange" if nbytes <= EXCHANGE_MAX_BYTES else "native"
+        return AllReduceRoute.SPLIT
+    return AllReduceRoute.EXCHANGE if nbytes <= EXCHANGE_MAX_BYTES else AllReduceRoute.NATIVE
 
 
 def reduce_scatter_sum(
