@@ -422,10 +422,10 @@ def fp8_gemm(a: Operand, b: Operand, *, out_dtype: torch.dtype, backend: str = "
         raise RuntimeError("scaled_mm backend unavailable for these operands (needs CUDA sm90, "
                            "torch.nn.functional.scaled_mm with blockwise scaling, E4M3 operands with "
                            "128-long blocks, not both 128x128, and M, N, K multiples of 16)")
-    use_scaled = backend == "scaled_mm" or (backend == "auto" and scaled_mm_supported(a, b))
     if M == 0 or N == 0:  # no output element: no kernel to run, no scales to check
         out = torch.zeros(M, N, dtype=out_dtype, device=a.data.device)
     else:
+        use_scaled = backend == "scaled_mm" or (backend == "auto" and scaled_mm_supported(a, b))
         out = _scaled_mm(a, b, out_dtype) if use_scaled else _emulated(a, b, out_dtype)
     if accumulate_into is not None:
         accumulate_into.copy_(out + accumulate_into)
