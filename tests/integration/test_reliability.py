@@ -18,14 +18,13 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import cli_fork
 import pytest
+from marked_processes import MARKER_VAR, assert_no_orphans, command_env, kill_marked, marked_pids, new_marker
 
 PARITY = [sys.executable, "-m", "parity.cli"]
-MARKER_VAR = "PARITY_RELIABILITY_MARKER"
 
 TINY = """\
 name = "tiny"
@@ -41,22 +40,11 @@ model = { num_layers = 1, seq_len = 16, micro_batch = 1 }
 # ---------------------------------------------------------------------------------------------
 
 
-def _env(marker: str | None = None, **extra) -> dict:
-    env = dict(os.environ)
-    for k in ("NCCL_ALGO", "NCCL_NVLS_ENABLE", "CUBLAS_WORKSPACE_CONFIG", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
-              "CUDA_DEVICE_MAX_CONNECTIONS", "PARITY_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(k, None)
-    if marker:
-        env[MARKER_VAR] = marker
-    env.update(extra)
-    return env
-
-
 def parity(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     """The command in a child of tests/cli_fork.py's server; in a fresh interpreter where the test
     looks for its processes by the marker in their environment (a forked child's /proc environ is
     the server's)."""
-    env = env if env is not None else _env()
+    env = env if env is not None else command_env()
     return cli_fork.run(args, env=env, timeout=timeout, fresh=MARKER_VAR in env)
 
 
@@ -80,26 +68,6 @@ def check(r, code: int, *needles: str, usage: bool = False) -> str:
     return msgs[0]
 
 
-def _marked_pids(marker: str) -> list[int]:
-    """Live processes (ours: parent, ranks, helpers) whose environment carries the marker."""
-    pids = []
-    needle = f"{MARKER_VAR}={marker}".encode()
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{d}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is gone, only unreaped
-                    continue
-        except OSError:
-            continue
-        pids.append(int(d))
-    return pids
-
-
 def _rank_pids(marker: str) -> list[int]:
     """The marked processes that are forks of their parent: the ranks (forked by the parity
     process itself, or by its fork server; the server and the resource tracker are started as
@@ -113,31 +81,9 @@ def _rank_pids(marker: str) -> list[int]:
         except OSError:
             return None, None
 
-    pids = _marked_pids(marker)
+    pids = marked_pids(marker)
     info = {p: stat(p) for p in pids}
     return [p for p, (ppid, cmd) in info.items() if ppid in info and cmd is not None and cmd == info[ppid][1]]
-
-
-def assert_no_orphans(marker: str, within_s: float = 15.0) -> None:
-    end = time.monotonic() + within_s
-    while _marked_pids(marker) and time.monotonic() < end:
-        time.sleep(0.2)
-    left = _marked_pids(marker)
-    cmdlines = []
-    for p in left:
-        try:
-            cmdlines.append(Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
-        except OSError:
-            pass
-    assert not left, f"orphaned processes: {left} {cmdlines}"
-
-
-def _kill_marked(marker: str) -> None:  # test cleanup only: processes this test started
-    for p in _marked_pids(marker):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture
@@ -149,9 +95,9 @@ def tiny(tmp_path) -> Path:
 
 @pytest.fixture
 def marker():
-    m = uuid.uuid4().hex
+    m = new_marker()
     yield m
-    _kill_marked(m)
+    kill_marked(m)
 
 
 def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
@@ -221,7 +167,7 @@ def test_bad_input_is_answered_before_torch_loads(tmp_path, args, env):
     code = ("import sys; from parity.cli import main; rc = main(['run', *sys.argv[1:]]); "
             "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
-                       env=_env(**env))
+                       env=command_env(**env))
     assert r.returncode == 2 and "no torch" in r.stdout, r.stdout + r.stderr
 
 
@@ -292,7 +238,7 @@ def test_goldens_dir_unwritable(tmp_path, tiny):
 def test_nondeterministic_env_refused_before_launch(tmp_path, tiny, var, value):
     out = tmp_path / "out"
     t0 = time.monotonic()
-    r = parity("run", tiny, "--out", out, env=_env(**{var: value}))
+    r = parity("run", tiny, "--out", out, env=command_env(**{var: value}))
     msg = check(r, 2, "nondeterministic environment", f"{var}={value!r}", "accepted", "--allow-nondeterministic")
     assert "[rank" not in r.stdout + r.stderr and "[parity] tiny" not in r.stdout, msg  # nothing launched
     assert not out.exists() or not (out / "report.json").exists()
@@ -300,7 +246,7 @@ def test_nondeterministic_env_refused_before_launch(tmp_path, tiny, var, value):
 
 
 def test_nondeterministic_env_refused_by_golden_regen(tmp_path, tiny):
-    r = parity("golden", "regen", tiny, "--accept", "--goldens", tmp_path / "g", env=_env(NCCL_ALGO="Tree"))
+    r = parity("golden", "regen", tiny, "--accept", "--goldens", tmp_path / "g", env=command_env(NCCL_ALGO="Tree"))
     check(r, 2, "NCCL_ALGO='Tree'")
     assert not (tmp_path / "g" / "tiny").exists()
 
@@ -308,7 +254,7 @@ def test_nondeterministic_env_refused_by_golden_regen(tmp_path, tiny):
 @pytest.mark.slow
 def test_allow_nondeterministic_runs_with_a_warning(tmp_path, tiny):
     r = parity("run", tiny, "--out", tmp_path / "o", "--quiet", "--allow-nondeterministic",
-               env=_env(NCCL_ALGO="Tree"))
+               env=command_env(NCCL_ALGO="Tree"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "parity: warning: --allow-nondeterministic: running with NCCL_ALGO='Tree'" in r.stderr
@@ -322,12 +268,13 @@ def test_allow_nondeterministic_runs_with_a_warning(tmp_path, tiny):
 def _fault_run(tmp_path, tiny, marker, inject, timeout_s):
     out = tmp_path / f"run-{marker}" / "out"  # the marker is in the out path too
     t0 = time.time()
-    r = parity("run", tiny, "--inject", inject, "--timeout", timeout_s, "--out", out, env=_env(marker), timeout=300)
+    r = parity("run", tiny, "--inject", inject, "--timeout", timeout_s, "--out", out, env=command_env(marker),
+               timeout=300)
     t_end = time.time()
     out_all = r.stdout + r.stderr
     assert r.returncode == 3, out_all
     assert "Traceback" not in r.stderr, out_all
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within_s=15.0)
     rep = json.loads((out / "report.json").read_text())
     assert rep["status"] == "error"
     (e,) = rep["scenarios"]
@@ -528,7 +475,7 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
             # child started with SIGINT ignored keeps ignoring it (Python, like any Unix program,
             # respects that), and a test run in the background of a shell has it ignored (the
             # regen then ran to its end and replaced the golden)
-            p = subprocess.Popen(PARITY + [str(a) for a in argv], stdout=so, stderr=se, env=_env(marker),
+            p = subprocess.Popen(PARITY + [str(a) for a in argv], stdout=so, stderr=se, env=command_env(marker),
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             if when == "early":
                 time.sleep(0.3)
@@ -540,7 +487,7 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
             assert p.poll() is None, "regen finished before it could be interrupted"
             p.send_signal(sig)
             rc = p.wait(timeout=60)
-        assert_no_orphans(marker)
+        assert_no_orphans(marker, within_s=15.0)
         return rc, Path(str(logs) + ".err").read_text()
 
     rc, err = regen(signal.SIGKILL, "early")
@@ -566,9 +513,9 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
               "from parity.cli import main\n"
               "sys.exit(main())\n")
     p = subprocess.run([sys.executable, "-c", script] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=300, env=_env(marker))
+                       timeout=300, env=command_env(marker))
     assert p.returncode == -signal.SIGKILL, p.stdout + p.stderr
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within_s=15.0)
     staged = [x.name for x in (root / "tiny").iterdir() if x.name.startswith(f".{pid}.tmp-")]
     assert staged, "the killed writer should have left its staging directory"
     assert _load_manifest(root, pid) == before

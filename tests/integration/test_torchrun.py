@@ -13,70 +13,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import cli_fork
 import pytest
+from marked_processes import assert_no_orphans, command_env, kill_marked, new_marker
 
 from parity.harness.launch import free_port
 
 PARITY = [sys.executable, "-m", "parity.cli"]
-MARKER_VAR = "PARITY_TORCHRUN_MARKER"
 AGENT_TIMEOUT_S = 300
 
 TINY4 = Path(__file__).parents[1] / "assets" / "tiny4.toml"
-
-
-def _env(marker: str) -> dict:
-    env = dict(os.environ)
-    for k in ("NCCL_ALGO", "NCCL_NVLS_ENABLE", "CUBLAS_WORKSPACE_CONFIG", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
-              "CUDA_DEVICE_MAX_CONNECTIONS", "PARITY_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-              "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    env[MARKER_VAR] = marker
-    return env
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment carries the marker (agents, workers, ranks, fork servers)."""
-    needle = f"{MARKER_VAR}={marker}".encode()
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{d}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        pids.append(int(d))
-    return pids
-
-
-def _kill_marked(marker: str) -> None:
-    for pid in _marked_pids(marker):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def assert_no_orphans(marker: str, within_s: float = 20.0) -> None:
-    end = time.monotonic() + within_s
-    while _marked_pids(marker) and time.monotonic() < end:
-        time.sleep(0.2)
-    left = _marked_pids(marker)
-    _kill_marked(marker)
-    assert not left, f"processes left behind: {left}"
 
 
 class Agents:
@@ -115,7 +66,7 @@ class Agents:
 def run_agents(*args, timeout_s: float = AGENT_TIMEOUT_S) -> Agents:
     """``torchrun --nnodes 2 --node-rank n --nproc-per-node 2 ... -m parity.cli ARGS`` for n = 0, 1,
     c10d rendezvous on a free port of 127.0.0.1; killed (with everything they started) on timeout."""
-    marker = uuid.uuid4().hex
+    marker = new_marker()
     port = free_port()
     procs = []
     try:
@@ -124,11 +75,11 @@ def run_agents(*args, timeout_s: float = AGENT_TIMEOUT_S) -> Agents:
                    "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                    "--rdzv-id", marker, "--max-restarts", "0", "-m", "parity.cli", *[str(a) for a in args]]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env=_env(marker)))
+                                          env=command_env(marker)))
         end = time.monotonic() + timeout_s
         outputs = [p.communicate(timeout=max(1.0, end - time.monotonic()))[0] for p in procs]
     except subprocess.TimeoutExpired:
-        _kill_marked(marker)
+        kill_marked(marker)
         for p in procs:
             p.communicate()
         raise AssertionError(f"torchrun agents did not finish within {timeout_s} s") from None
@@ -137,7 +88,7 @@ def run_agents(*args, timeout_s: float = AGENT_TIMEOUT_S) -> Agents:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within_s=20.0)
     return Agents([p.returncode for p in procs], outputs)
 
 
@@ -153,7 +104,7 @@ def _worker_tracebacks(agents: Agents) -> list[str]:
 
 def parity(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """The command with the built-in launcher (no torchrun), forked by tests/cli_fork.py's server."""
-    return cli_fork.run(args, env=_env(uuid.uuid4().hex), timeout=timeout)
+    return cli_fork.run(args, env=command_env(new_marker()), timeout=timeout)
 
 
 @pytest.fixture
@@ -259,7 +210,7 @@ def test_rank_failure_ends_the_job_with_exit_3(tmp_path, tiny4, inject, rank, ki
 
 
 def _as_worker(extra: dict) -> dict:
-    env = _env(uuid.uuid4().hex)
+    env = command_env(new_marker())
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", **extra)
     return env
 
