@@ -147,6 +147,16 @@ def _my_chunk(buf, b, extent: int) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
+def _distopt_buckets(stack):
+    """(buffer tag, bucket index, buffer, bucket, extent, lo, hi) of every DistOpt bucket that
+    holds params, with this rank's chunk [lo, hi) of it (:func:`_my_chunk`)."""
+    for buf in stack.distopt.buffers:
+        for bi, b in enumerate(buf.buckets):
+            if b.params:
+                extent = _bucket_extent(buf, b)
+                yield (_buffer_tag(buf), bi, buf, b, extent, *_my_chunk(buf, b, extent))
+
+
 def _sharded(local: torch.Tensor | None, lo: int, buf, b, extent: int):
     """A flat ShardedTensor of ``extent`` elements split like bucket ``b``'s DP shards; this rank
     holds ``local`` at offset ``lo`` (None: no chunk here)."""
@@ -185,24 +195,18 @@ def _state_keys(stack) -> list[str]:
 def _distopt_state(stack, prefix: str) -> dict:
     do, out = stack.distopt, {}
     keys = _state_keys(stack)
-    for buf in do.buffers:
-        tag = _buffer_tag(buf)
-        for bi, b in enumerate(buf.buckets):
-            if not b.params:
-                continue
-            extent = _bucket_extent(buf, b)
-            lo, hi = _my_chunk(buf, b, extent)
-            if lo == hi:
-                continue  # a shard of tail padding lies outside the saved tensor
-            pieces = _bucket_pieces(stack, buf, b)
-            if not pieces and Fault.PADDING_ONLY_SHARD in stack.cfg.faults:
-                continue  # the padding-only chunk is built but never written back
-            for key in keys:
-                chunk = torch.zeros(hi - lo, dtype=torch.float32, device=buf.grad_data.device)
-                for pc in pieces:
-                    s = pc.lo - b.start - lo
-                    chunk[s:s + (pc.hi - pc.lo)].copy_(_piece_state(stack, pc, key))
-                out[f"{prefix}distopt/{tag}/bucket{bi}/{key}"] = _sharded(chunk, lo, buf, b, extent)
+    for tag, bi, buf, b, extent, lo, hi in _distopt_buckets(stack):
+        if lo == hi:
+            continue  # a shard of tail padding lies outside the saved tensor
+        pieces = _bucket_pieces(stack, buf, b)
+        if not pieces and Fault.PADDING_ONLY_SHARD in stack.cfg.faults:
+            continue  # the padding-only chunk is built but never written back
+        for key in keys:
+            chunk = torch.zeros(hi - lo, dtype=torch.float32, device=buf.grad_data.device)
+            for pc in pieces:
+                s = pc.lo - b.start - lo
+                chunk[s:s + (pc.hi - pc.lo)].copy_(_piece_state(stack, pc, key))
+            out[f"{prefix}distopt/{tag}/bucket{bi}/{key}"] = _sharded(chunk, lo, buf, b, extent)
     steps = {do.optimizer.state[pc.master]["step"] for pc in do.pieces
              if do.optimizer is not None and "step" in do.optimizer.state.get(pc.master, {})}
     if len(steps) > 1:
@@ -264,25 +268,19 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
 
     do = stack.distopt
     chunks = []
-    for buf in do.buffers:
-        tag = _buffer_tag(buf)
-        for bi, b in enumerate(buf.buckets):
-            if not b.params:
-                continue
-            extent = _bucket_extent(buf, b)
-            lo, hi = _my_chunk(buf, b, extent)
-            head = f"{prefix}distopt/{tag}/bucket{bi}/"
-            keys = sorted(k for k in saved if k.startswith(head))
-            if "master" not in {k[len(head):] for k in keys}:
-                raise CheckpointError(f"checkpoint has no DistOpt state {head}master: written by another config")
-            for key in keys:
-                if tuple(saved[key].size) != (extent,):
-                    raise CheckpointError(f"checkpoint tensor {key!r} has {tuple(saved[key].size)} elements; "
-                                          f"this layout's bucket holds {extent}: written with another bucket layout")
-                local = torch.zeros(hi - lo, dtype=torch.float32, device=buf.grad_data.device) if hi > lo else None
-                tgt[key] = _sharded(local, lo, buf, b, extent)
-                if local is not None:
-                    chunks.append((buf, b, lo, key[len(head):], local))
+    for tag, bi, buf, b, extent, lo, hi in _distopt_buckets(stack):
+        head = f"{prefix}distopt/{tag}/bucket{bi}/"
+        keys = sorted(k for k in saved if k.startswith(head))
+        if "master" not in {k[len(head):] for k in keys}:
+            raise CheckpointError(f"checkpoint has no DistOpt state {head}master: written by another config")
+        for key in keys:
+            if tuple(saved[key].size) != (extent,):
+                raise CheckpointError(f"checkpoint tensor {key!r} has {tuple(saved[key].size)} elements; "
+                                      f"this layout's bucket holds {extent}: written with another bucket layout")
+            local = torch.zeros(hi - lo, dtype=torch.float32, device=buf.grad_data.device) if hi > lo else None
+            tgt[key] = _sharded(local, lo, buf, b, extent)
+            if local is not None:
+                chunks.append((buf, b, lo, key[len(head):], local))
     step_key = f"{prefix}distopt/adam_step"
     adam_step = torch.zeros((), dtype=torch.int64)
     if do.pieces and step_key in saved:
