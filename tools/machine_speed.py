@@ -4,8 +4,9 @@ The vCPUs of a shared host slow down while its other tenants are busy: on the 2-
 parity commit's EP-8 command has taken 13.5 s and 19.7 s within the same hour, with no other process
 of ours running. A benchmark's number means little without the machine's speed beside it, so time
 this before and after it: the workload is a fixed amount of the three kinds of work a CPU rank
-does (interpreter bytecode, small torch ops, which are mostly per-op overhead, and float64 GEMMs on
-numpy's BLAS), run in one process per CPU side by side, one thread each. Lower is faster; a ratio
+does (interpreter bytecode, small torch ops, which are mostly per-op overhead, float64 GEMMs on
+numpy's BLAS, and copies larger than the caches), run in one process per CPU side by side, one
+thread each. Lower is faster; a ratio
 between two readings is the machine's own drift. Prints numbers; asserts nothing.
 
     python tools/machine_speed.py [--repeat 3] [--procs N]
@@ -22,7 +23,7 @@ import time
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # before numpy and torch load: one thread per process, as in a rank
 
-PARTS = ("python", "torch_ops", "f64_gemm")
+PARTS = ("python", "torch_ops", "f64_gemm", "memory")
 
 
 def _python_part() -> None:
@@ -50,7 +51,16 @@ def _gemm_part() -> None:
         a @ b
 
 
-_WORK = {"python": _python_part, "torch_ops": _torch_ops_part, "f64_gemm": _gemm_part}
+def _memory_part() -> None:
+    import numpy as np
+
+    src = np.ones(8 << 20)  # 64 MiB: larger than any cache, so this is the memory's bandwidth
+    dst = np.empty_like(src)
+    for _ in range(40):
+        np.copyto(dst, src)
+
+
+_WORK = {"python": _python_part, "torch_ops": _torch_ops_part, "f64_gemm": _gemm_part, "memory": _memory_part}
 
 
 def _one_process(start, out) -> None:
