@@ -3,7 +3,7 @@ the whole machine spent meanwhile (busy core-seconds from /proc/stat, Linux; run
 idle machine). Prints the numbers; asserts nothing. To compare two trees, `python tools/ab.py`
 runs them alternately.
 
-    python tools/bench_ep8.py [--steps 30] [--recipe blockwise] [--repeat 1] [--golden check|off]
+    python tools/bench_ep8.py [--steps 30] [--recipe blockwise] [--repeat 1] [--golden check|off] [--speed]
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ def main():
     ap.add_argument("--recipe", default="blockwise")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--golden", choices=("check", "off"), default="off")
+    ap.add_argument("--speed", action="store_true",
+                    help="also read the machine's speed (tools/machine_speed.py) before and after the runs")
     args = ap.parse_args()
+    if args.speed:
+        print(f"machine speed before: {_speed()}")
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory() as out:
             cmd = [sys.executable, "-m", "parity.cli", "run", "--recipe", args.recipe, "--ep", "8",
@@ -38,6 +42,15 @@ def main():
                   f"{e['compared']} comparisons, wall {wall:.1f} s (scenario {e['elapsed_s']} s), "
                   f"{os.cpu_count()} CPUs" + ("" if cpu0 is None else
                                               f", machine CPU busy {cpu1 - cpu0:.1f} core-seconds"))
+    if args.speed:
+        print(f"machine speed after: {_speed()}")
+
+
+def _speed() -> str:
+    """One reading of tools/machine_speed.py (its total; lower is faster)."""
+    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "machine_speed.py"), "--repeat", "1"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or r.stderr.strip()
 
 
 def _busy_core_seconds() -> float | None:
