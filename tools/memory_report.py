@@ -45,10 +45,7 @@ def main():
     for arm, r in res.items():
         print(f"== {arm}: Muon matrices persist {r['muon_param_bytes']:,} bytes as params"
               f" (+{r['off_fp8_weight_copy_bytes']:,} bytes of on-the-fly FP8 weight copies)")
-        tot, pad = 0, 0
         for b in r["buffers"]:
-            tot += b["numel"]
-            pad += b["padding"]
             print(f"   {b['key']:34s} numel={b['numel']:>9,} unpadded={b['numel_unpadded']:>9,} "
                   f"padding={b['padding']:>7,} ({b['padding_pct']:.2f}%) buckets={b['buckets']}")
         lw = [b for b in r["buffers"] if "layerwise" in b["key"]]

@@ -37,14 +37,6 @@ class Agents:
         self.returncodes = returncodes
         self.outputs = outputs
 
-    def worker_exit_codes(self) -> dict[int, int]:
-        """Global rank -> exit code, from torchrun's failure summaries (only failed workers)."""
-        codes = {}
-        for out in self.outputs:
-            for rank, code in re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", out):
-                codes[int(rank)] = int(code)
-        return codes
-
     def assert_every_worker_exited_with(self, code: int) -> None:
         """Every worker torchrun reports exited with ``code``, and every agent reported its workers,
         except an agent that lost the rendezvous store: the agent serving it ends when its own
