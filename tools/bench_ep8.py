@@ -47,7 +47,7 @@ def main():
 
 
 def _speed() -> str:
-    """One reading of tools/machine_speed.py (its total; lower is faster)."""
+    """One reading of tools/machine_speed.py, its line as printed (lower is faster)."""
     r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "machine_speed.py"), "--repeat", "1"],
                        capture_output=True, text=True)
     return r.stdout.strip() or r.stderr.strip()

@@ -3,11 +3,12 @@
 The vCPUs of a shared host slow down while its other tenants are busy: on the 2-core CI machine one
 parity commit's EP-8 command has taken 13.5 s and 19.7 s within the same hour, with no other process
 of ours running. A benchmark's number means little without the machine's speed beside it, so time
-this before and after it: the workload is a fixed amount of the three kinds of work a CPU rank
-does (interpreter bytecode, small torch ops, which are mostly per-op overhead, float64 GEMMs on
-numpy's BLAS, and copies larger than the caches), run in one process per CPU side by side, one
-thread each. Lower is faster; a ratio
-between two readings is the machine's own drift. Prints numbers; asserts nothing.
+this before and after it. The workload is a fixed amount of four kinds of work a CPU rank does:
+interpreter bytecode, small torch ops (mostly per-op overhead), float64 GEMMs on numpy's BLAS and
+copies larger than the caches, run in one process per CPU side by side, one thread each. Lower is
+faster. A reading says which phase a benchmark ran in; it does not convert between phases (eight
+ranks on two CPUs slowed by about 30% where this workload slowed by about 20%: docs/measurements.md,
+twenty-fifth session). Prints numbers; asserts nothing.
 
     python tools/machine_speed.py [--repeat 3] [--procs N]
 """
@@ -22,9 +23,6 @@ import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # before numpy and torch load: one thread per process, as in a rank
-
-PARTS = ("python", "torch_ops", "f64_gemm", "memory")
-
 
 def _python_part() -> None:
     acc = 0
@@ -61,6 +59,7 @@ def _memory_part() -> None:
 
 
 _WORK = {"python": _python_part, "torch_ops": _torch_ops_part, "f64_gemm": _gemm_part, "memory": _memory_part}
+PARTS = tuple(_WORK)
 
 
 def _one_process(start, out) -> None:
@@ -92,7 +91,8 @@ def measure(procs: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="readings to take, one line each")
-    ap.add_argument("--procs", type=int, default=len(os.sched_getaffinity(0)),
+    ap.add_argument("--procs", type=int,
+                    default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                     help="processes side by side (default: the CPUs this process may use)")
     args = ap.parse_args()
     for _ in range(args.repeat):

@@ -96,7 +96,7 @@ def _worker_tracebacks(agents: Agents) -> list[str]:
 
 def parity(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """The command with the built-in launcher (no torchrun), forked by tests/cli_fork.py's server."""
-    return cli_fork.run(args, env=command_env(new_marker()), timeout=timeout)
+    return cli_fork.run(args, env=command_env(), timeout=timeout)
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_rank_failure_ends_the_job_with_exit_3(tmp_path, tiny4, inject, rank, ki
 
 
 def _as_worker(extra: dict) -> dict:
-    env = command_env(new_marker())
+    env = command_env()
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", **extra)
     return env
 
