@@ -274,10 +274,11 @@ def _torchrun_start(args, argv):
     torchrun will not restart it, that every worker runs the same command (they must make the same
     launches in the same order) and that every node has the same determinism environment and torch
     (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
-    from parity.harness.torchrun_env import under_torchrun
+    from parity.harness.torchrun_env import refuse_restarts, under_torchrun
 
     if args.cmd not in ("run", "golden") or not under_torchrun():
         return None
+    refuse_restarts()  # before torch loads: every worker would import it only to refuse
     import_torch_uncollected()
     import torch
 

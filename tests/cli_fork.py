@@ -91,6 +91,8 @@ def _child(req: dict) -> None:
     code = 1
     try:
         os.setsid()  # a group of its own: a timeout kills the command and the ranks it forked
+        if req["cpus"] is not None:  # before anything runs: the ranks it forks inherit it
+            os.sched_setaffinity(0, req["cpus"])
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -188,19 +190,24 @@ def _get_server() -> _Server:
     return _server
 
 
-def run(args, *, env=None, timeout=300, cwd=None, fresh=False) -> subprocess.CompletedProcess:
+def run(args, *, env=None, timeout=300, cwd=None, fresh=False, cpus=None) -> subprocess.CompletedProcess:
     """`python -m parity.cli ARGS` as subprocess.run(capture_output=True, text=True) would run it;
-    raises subprocess.TimeoutExpired the same way."""
+    raises subprocess.TimeoutExpired the same way. ``cpus``: the CPUs the command may run on (Linux
+    affinity, set in the command's process before it starts)."""
     args = [str(a) for a in args]
     env = dict(os.environ) if env is None else dict(env)
+    cpus = None if cpus is None else sorted(cpus)
     server = None if fresh else _get_server()
     if server is None or _needs_fresh_interpreter(env, server.env):
-        return subprocess.run(PARITY + args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        bind = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+        return subprocess.run(PARITY + args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                              preexec_fn=bind)
     with tempfile.TemporaryDirectory(prefix="parity-cli-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         for name in (out, err):
             open(name, "wb").close()
-        req = {"args": args, "env": env, "cwd": os.path.abspath(cwd or os.getcwd()), "stdout": out, "stderr": err}
+        req = {"args": args, "env": env, "cwd": os.path.abspath(cwd or os.getcwd()), "stdout": out, "stderr": err,
+               "cpus": cpus}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(server.path)
             conn.sendall((json.dumps(req) + "\n").encode())

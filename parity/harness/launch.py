@@ -75,7 +75,7 @@ import torch.distributed as dist
 from parity.distributed.determinism import apply_determinism
 from parity.distributed.pins import pinned_before_torch, pinned_environ
 from parity.harness.forkserver import PRELOAD, context, forks_cpu_ranks
-from parity.harness.torchrun_env import under_torchrun
+from parity.harness.torchrun_env import refuse_restarts, under_torchrun
 
 __all__ = [
     "FailedRank",
@@ -341,8 +341,6 @@ class TorchrunJob:
     """
 
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 300.0):
-        from parity.harness.errors import ConfigError
-
         env = os.environ if env is None else env
         self.rank = int(env["RANK"])
         """Global rank of the rank this process supervises."""
@@ -352,13 +350,7 @@ class TorchrunJob:
         """Rank on this node (the GPU index on CUDA)."""
         self.local_world_size = int(env.get("LOCAL_WORLD_SIZE", self.world_size))
         """Ranks on this node."""
-        self.max_restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-        """torchrun's --max-restarts."""
-        if self.max_restarts > 0:
-            raise ConfigError(
-                f"torchrun --max-restarts {self.max_restarts}: a parity run must not be restarted (a "
-                f"failed or mismatching rank would rerun the whole job and hide the first verdict); "
-                f"start torchrun with --max-restarts 0")
+        refuse_restarts(env)
         self.addr = env.get("MASTER_ADDR", "127.0.0.1")
         """Host of torchrun's store."""
         self.port = int(env.get("MASTER_PORT", "0"))

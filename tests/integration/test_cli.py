@@ -65,9 +65,8 @@ def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
     found, policies = {}, {}
     for world in (8, 4, 2, 1):
         out = tmp_path / f"w{world}"
-        r = subprocess.run(PARITY + ["run", "--world", str(world), "--steps", "1", "--golden", "off", "--quiet",
-                                     "--out", str(out)], capture_output=True, text=True, timeout=600,
-                           preexec_fn=lambda: os.sched_setaffinity(0, two))
+        r = cli_fork.run(["run", "--world", str(world), "--steps", "1", "--golden", "off", "--quiet", "--out", out],
+                         timeout=600, cpus=two)
         assert r.returncode == 0, r.stdout + r.stderr
         timing = json.loads((out / "report.json").read_text())["scenarios"][0]["timing"]
         found[world], policies[world] = timing["bound_cpus"], timing["thread_policies"]

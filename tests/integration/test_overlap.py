@@ -4,11 +4,8 @@ Every check added for them is shown to fail because of the stack (a fault inject
 stack under test) and to pass on the same scenario without it."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
+import cli_fork
 import pytest
 
 from parity.harness.driver import run_scenario
@@ -16,8 +13,6 @@ from parity.harness.faults import Injection, parse_injection
 from parity.harness.runner import RunOptions
 from parity.harness.scenario import make_scenario
 from parity.vocab import Fault
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(raw: dict, *faults, steps=2):
@@ -87,11 +82,9 @@ def test_padded_pair_compares_the_pre_hook_gather_with_the_eager_one():
 
 @pytest.mark.slow
 def test_cli_overlap_run_exits_1_naming_the_stale_param(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = tmp_path / "o"
-    r = subprocess.run([sys.executable, "-m", "parity.cli", "run", "default", "--overlap", "--steps", "2",
-                        "--inject", "prehooks-not-registered", "--out", str(out), "--golden", "off"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    r = cli_fork.run(["run", "default", "--overlap", "--steps", "2", "--inject", "prehooks-not-registered",
+                      "--out", out, "--golden", "off"], timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "param_sync" in r.stdout and "layers.0.attn.qkv.weight" in r.stdout

@@ -207,11 +207,13 @@ def _as_worker(extra: dict) -> dict:
     return env
 
 
-def test_max_restarts_above_zero_is_refused():
-    r = subprocess.run(PARITY + ["run", "--steps", "1"], capture_output=True, text=True, timeout=120,
+def test_max_restarts_above_zero_is_refused_before_torch_loads():
+    code = ("import sys; from parity.cli import main; rc = main(['run', '--steps', '1']); "
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=_as_worker({"TORCHELASTIC_MAX_RESTARTS": "2"}))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr
+    assert "Traceback" not in r.stderr and "no torch" in r.stdout
     assert "torchrun --max-restarts 2" in r.stderr and "--max-restarts 0" in r.stderr
 
 
