@@ -7,6 +7,7 @@ before torch loads (a refusal takes a fraction of a second), as it checks its ot
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import sys
 from collections.abc import Mapping
 
@@ -27,7 +28,15 @@ def _torch_minor_version() -> tuple[int, ...]:
         text = torch.__version__ if torch is not None else importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return (0, 0)
-    return tuple(int(p) for p in text.split("+")[0].split(".")[:2])
+    return _leading_pair(text)
+
+
+def _leading_pair(version: str) -> tuple[int, int]:
+    """(major, minor) from the leading digits of a version's first two fields ("2.13.0+cpu" ->
+    (2, 13), "2.13rc1" -> (2, 13)); a field without leading digits counts 0, so an odd local
+    build's version string cannot stop the command before it has said anything."""
+    fields = (version.split(".") + ["", ""])[:2]
+    return tuple(int(m.group()) if (m := re.match(r"\d+", f)) else 0 for f in fields)
 
 
 DETERMINISM_ENV: dict[str, str] = {

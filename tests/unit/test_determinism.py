@@ -178,3 +178,13 @@ def test_the_contract_is_read_without_torch(monkeypatch):
     assert loaded == Version(torch.__version__).release[:2]  # parsed independently of the module
     monkeypatch.delitem(sys.modules, "torch")
     assert env_contract._torch_minor_version() == loaded
+
+
+def test_an_odd_torch_version_string_does_not_stop_the_contract():
+    from parity.distributed.env_contract import _leading_pair
+
+    assert _leading_pair("2.13.0+cpu") == (2, 13)
+    assert _leading_pair("2.11.0a0+git1234") == (2, 11)
+    assert _leading_pair("2.13rc1") == (2, 13)
+    assert _leading_pair("2") == (2, 0)
+    assert _leading_pair("main") == (0, 0)
