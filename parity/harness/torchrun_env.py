@@ -5,6 +5,7 @@ imports the launcher (bad input is answered before torch loads), and so does the
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 
 def under_torchrun() -> bool:
@@ -18,7 +19,7 @@ def is_report_writer() -> bool:
     return not under_torchrun() or int(os.environ["RANK"]) == 0
 
 
-def refuse_restarts(env=None) -> None:
+def refuse_restarts(env: Mapping[str, str] | None = None) -> None:
     """Raise ConfigError when torchrun would restart the job (``--max-restarts`` above 0): a failed or
     mismatching rank would rerun the whole job and hide the first verdict."""
     from parity.harness.errors import ConfigError

@@ -60,7 +60,7 @@ def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
     the second (what every rank's own affinity says, in the report), and every thread of every
     rank, gloo's too, runs under SCHED_BATCH (what the OS says of each thread at the rank's end); 2
     ranks too, one per CPU; 8 ranks (4 a CPU) run under SCHED_BATCH but free to move; 1 rank is
-    left alone."""
+    left alone on 2 CPUs and bound to its CPU on 1."""
     two = sorted(os.sched_getaffinity(0))[:2]
     found, policies = {}, {}
     for world in (8, 4, 2, 1):
@@ -71,6 +71,12 @@ def test_cpu_ranks_as_many_as_the_cpus_are_bound_one_to_a_cpu(tmp_path):
         timing = json.loads((out / "report.json").read_text())["scenarios"][0]["timing"]
         found[world], policies[world] = timing["bound_cpus"], timing["thread_policies"]
     assert found == {8: None, 4: [two[0], two[0], two[1], two[1]], 2: [two[0], two[1]], 1: None}
+    # one rank given one CPU is bound to it (and the command's affinity did reach the command)
+    out = tmp_path / "one-cpu"
+    r = cli_fork.run(["run", "--world", "1", "--steps", "1", "--golden", "off", "--quiet", "--out", out],
+                     timeout=600, cpus=two[1:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((out / "report.json").read_text())["scenarios"][0]["timing"]["bound_cpus"] == [two[1]]
     # where the OS refuses the policy (a sandbox) the ranks run on under the default one
     batch = ["batch"] if _sched_batch_allowed() else ["other"]
     assert policies == {8: batch, 4: batch, 2: batch, 1: ["other"]}
