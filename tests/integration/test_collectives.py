@@ -165,11 +165,12 @@ def test_all_gather_uneven_async_handle(per_rank):
 
 
 def test_all_gather_uneven_argument_errors(per_rank):
-    for seen in per_rank:
+    assert 2 not in SIZES  # every rank's 2-element piece is the wrong size
+    for r, seen in enumerate(per_rank):
         own, count, into = seen["uneven/errors"]
+        assert own and f"group rank {r} sends 2 elements but sizes[{r}] = {SIZES[r]}" in own, (r, own)
         assert count and "4 sizes" not in count and "3 sizes for a group of 4" in count
         assert into and "sum(sizes) = 9" in into
-    assert "sends 2 elements" in per_rank[0]["uneven/errors"][0]
 
 
 def test_even_wrappers(per_rank):

@@ -483,6 +483,7 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
                 end = time.monotonic() + 120
                 while len(_rank_pids(marker)) < 2 and p.poll() is None and time.monotonic() < end:
                     time.sleep(0.1)
+                assert len(_rank_pids(marker)) >= 2, "the ranks never started: nothing to interrupt"
                 time.sleep(0.5)
             assert p.poll() is None, "regen finished before it could be interrupted"
             p.send_signal(sig)

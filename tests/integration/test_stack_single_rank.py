@@ -15,10 +15,10 @@ class Ctx:
     device = "cpu"
 
 
-def run(single_rank, steps=6, injections=(), **kw):
+def run(single_rank, steps=6, injections=(), digests=False, **kw):
     s = make_scenario({"name": "t", "world": 1, "steps": steps, **kw})
     return rank_main(Ctx(), s, RunOptions(injections=tuple(injections), progress=False,
-                                          golden_digests=False, snapshot="none"))
+                                          golden_digests=digests, snapshot="none"))
 
 
 def failures(res):
@@ -39,14 +39,23 @@ STRESS = {"stress": ["zero_blocks", "pow2_edge", "tiny_values"], "lr": 0.01}
     pytest.param("mxfp8", False, 8, {}, id="mxfp8-dense-8"),
 ])
 def test_on_equals_off(single_rank, recipe, moe, steps, edges):
-    res = run(single_rank, steps=steps, recipe=recipe, moe=moe, **edges)
+    res = run(single_rank, steps=steps, recipe=recipe, moe=moe, digests=True, **edges)
     divs, bad = failures(res)
     assert not divs and not bad, (res["messages"], bad)
     # Every phase was compared, and the compared sets are not empty.
     for ph in ("init",) + STEP_PHASES:
         assert res["compared_by_phase"].get(ph, 0) > 0, ph
-    # ON's FP8 bytes are compared against OFF's on-the-fly quantization.
-    assert any(c.startswith("param_sync") for c in res["compared_by_phase"])
+    # ON's FP8 bytes and scales were compared against OFF's on-the-fly quantization at every step,
+    # for every FP8 weight (the tested side's param_sync tensors, as its record lists them; a key
+    # the other side lacked would have failed the run above).
+    model = GPT(make_scenario({"name": "t", "moe": moe}).model_config(), recipe=recipe, fp8_param=True, seed=0)
+    fp8_weights = {n for n, p in model.named_parameters() if is_quantized_param(p)}
+    assert fp8_weights
+    for step in range(steps):
+        keys = res["golden"]["digests"][step]
+        for name in fp8_weights:
+            assert {f"param_sync/{name}.fp8.rowwise_data", f"param_sync/{name}.fp8.rowwise_scale_inv"} <= keys.keys(), \
+                (step, name)
     assert len(res["steps"]) == steps
 
 

@@ -117,5 +117,5 @@ def test_skips_params_without_grad():
     a.grad = _randn(4, seed=8)
     opt = Adam([a, b])
     opt.step()
-    assert b not in opt.state and torch.equal(b, _randn(4, seed=7))
+    assert b not in opt.state and torch.equal(_bits(b), _bits(_randn(4, seed=7)))
     assert opt.state[a]["step"] == 1

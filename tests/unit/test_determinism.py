@@ -146,7 +146,7 @@ def test_empty_fills_what_nobody_wrote_so_that_a_read_of_it_shows(restore_torch_
     # the allocator's reused blocks are dirtied first, so a fill that did nothing would show.
     apply_determinism({}, num_threads=1)
     for _ in range(4):
-        torch.full((257, 3), 7, dtype=dtype)
+        torch.full((257, 3), False if dtype == torch.bool else 7, dtype=dtype)  # anything but `want`
     t = empty((257, 3), dtype=dtype, device="cpu")
     assert t.shape == (257, 3) and t.dtype == dtype
     if want == "nan":

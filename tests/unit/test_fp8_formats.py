@@ -132,11 +132,13 @@ def test_decode_roundtrip(fmt):
     codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
     vals = fp8_to_fp32(codes, fmt)
     finite = torch.isfinite(vals)
-    for c in range(256):
-        if not finite[c]:
-            continue
-        ref = _decode_code(c & 0x7F, fmt) * (-1 if c & 0x80 else 1)
-        assert vals[c].item() == ref or (ref == 0 and vals[c].item() == 0)
+    positive = _positive_table(fmt)[0]
+    # exactly the table's codes and their negatives are finite (0x80 is -0.0)
+    want_finite = [(c & 0x7F) <= positive[-1] for c in range(256)]
+    assert finite.tolist() == want_finite
+    ref = torch.tensor([math.copysign(_decode_code(c & 0x7F, fmt), -1.0 if c & 0x80 else 1.0) if want_finite[c]
+                        else 0.0 for c in range(256)], dtype=torch.float32)
+    assert torch.equal(vals[finite].view(torch.int32), ref[finite].view(torch.int32))  # bits: -0.0 included
     # every finite code round-trips through the cast
     assert torch.equal(cast_to_fp8(vals[finite], fmt), codes[finite])
 

@@ -179,10 +179,14 @@ def test_fma_is_single_rounding():
 @pytest.mark.parametrize("fa,fb", [("e4m3", "e4m3"), ("e5m2", "e5m2")])
 def test_emulated_independent_of_thread_count(fa, fb):
     a, b = operands("1x128", "128x128", fa, fb, 96, 80, 1000, seed=5)
-    torch.set_num_threads(1)
-    y1 = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
-    torch.set_num_threads(2)
-    y2 = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    before = torch.get_num_threads()  # one, as conftest sets it for every test process
+    try:
+        torch.set_num_threads(1)
+        y1 = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+        torch.set_num_threads(2)
+        y2 = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    finally:
+        torch.set_num_threads(before)
     assert torch.equal(bits(y1), bits(y2))
 
 

@@ -115,7 +115,7 @@ def test_newton_schulz_rejects_bad_input():
 
 def test_newton_schulz_zero_input_stays_zero():
     # The eps in the normalization keeps 0/0 out of the update of an all-zero gradient.
-    assert torch.equal(newton_schulz(torch.zeros(8, 16)), torch.zeros(8, 16))
+    _assert_same_bits(newton_schulz(torch.zeros(8, 16)), torch.zeros(8, 16))  # +0, not -0
 
 
 def test_fp32_matmul_precision_restores():
@@ -198,7 +198,7 @@ def test_muon_single_step_by_hand():
     assert torch.allclose(p.double(), expected, atol=1e-6, rtol=0)
     assert torch.allclose(opt.state[p]["momentum_buffer"].double(), M, atol=1e-7, rtol=0)
     # The gradient is read, never written.
-    assert torch.equal(p.grad, g)
+    _assert_same_bits(p.grad, g)
 
 
 def test_muon_step_bits_match_composition():
@@ -287,7 +287,8 @@ def test_muon_skips_params_without_grad_and_is_deterministic():
         return a, b, opt
 
     a1, b1, opt = run()
-    assert torch.equal(b1, _randn(12, 8, seed=16)) and b1 not in opt.state
+    _assert_same_bits(b1, _randn(12, 8, seed=16))
+    assert b1 not in opt.state
     a2, _, _ = run()
     _assert_same_bits(a1, a2)
 

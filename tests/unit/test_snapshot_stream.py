@@ -1,8 +1,12 @@
+import threading
+
 import torch
+
+from parity.harness import snapshot
 from parity.harness.snapshot import StreamingSnapshotWriter, read_snapshot, read_snapshot_metadata
 
 
-def test_streaming_writer_writes_each_step_and_bounds_the_queue(tmp_path):
+def test_streaming_writer_writes_each_step(tmp_path):
     w = StreamingSnapshotWriter(tmp_path, rank=3, metadata={"scenario": "s"})
     for step in range(4):
         w.submit(step, {"test/forward/loss": torch.full((2,), float(step))})
@@ -27,3 +31,29 @@ def test_streaming_writer_surfaces_a_write_failure(tmp_path):
         assert "cannot" in str(e)
     else:
         raise AssertionError("a failed write must be reported")
+
+
+def test_streaming_writer_holds_at_most_two_steps(tmp_path, monkeypatch):
+    """While step 0 is being written and step 1 waits, handing over step 2 blocks (so a rank's host
+    memory holds about two steps' tensors, not the run's), and goes on once the write finishes."""
+    writing, release = threading.Event(), threading.Event()
+    real_write = snapshot.write_snapshot
+
+    def slow_write(*args, **kwargs):
+        writing.set()
+        assert release.wait(30), "the test never released the writer"
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot, "write_snapshot", slow_write)
+    w = StreamingSnapshotWriter(tmp_path, rank=0, metadata={})
+    w.submit(0, {"x": torch.zeros(1)})
+    assert writing.wait(30)  # the writer holds step 0
+    w.submit(1, {"x": torch.ones(1)})  # waits in the queue
+    third = threading.Thread(target=w.submit, args=(2, {"x": torch.full((1,), 2.0)}))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive(), "a third step was taken while two were held"
+    release.set()
+    third.join(30)
+    assert not third.is_alive()
+    assert [p.rsplit("/", 1)[1] for p in w.close()] == [f"step_{s:05d}_rank_000.safetensors" for s in range(3)]
