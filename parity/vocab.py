@@ -52,7 +52,7 @@ class Fault(StrEnum):
 
     SPLIT_GRAD_BUFFERS = "split-grad-buffers"
     NUMEL_ONLY_OWNERSHIP = "numel-only-ownership"
-    VACUOUS_PARAM_COMPARE = "vacuous-param-compare"
+    QUANTIZED_CLASSIFIER_ALWAYS_TRUE = "quantized-classifier-always-true"
     SAMPLE_BEFORE_DEFERRED_GATHER = "sample-before-deferred-gather"
     NO_REARM_IN_FINISH_GRAD_SYNC = "no-rearm-in-finish-grad-sync"
     FORCE_SYNC_STALE = "force-sync-stale"

@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # parsing --inject needs no torch (bad input is answered befo
 CATALOGUE = {
     Fault.SPLIT_GRAD_BUFFERS: ("FP8 Muon grads keyed uint8: two all-reduce buffers where OFF has one", 1),
     Fault.NUMEL_ONLY_OWNERSHIP: ("ownership sorted by numel only; ties broken by rank-local insertion order", 2),
-    Fault.VACUOUS_PARAM_COMPARE: ("every param classified as quantized, so the param compare sees {} vs {}", 3),
+    Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE: ("params classified as quantized by probing `dequantize`, which every "
+                                             "tensor has: ON reports no bf16/fp32 param at param_sync", 3),
     Fault.SAMPLE_BEFORE_DEFERRED_GATHER: ("params sampled right after step() while the gather is still deferred", 5),
     Fault.NO_REARM_IN_FINISH_GRAD_SYNC: ("finish_grad_sync leaves param_gather_dispatched set: the next forward's "
                                          "pre-hooks do not gather", 5),
@@ -65,10 +66,10 @@ CATALOGUE = {
     Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
                                "only alignment padding", 12),
 }
-# Faults in the harness rather than the stack. (A former `zeros-vs-zeros` weakened a check without
-# any stack deviation, so its failure proved nothing; force-sync-payload-not-zeroed replaces it: a
-# stack deviation that the zeros-vs-zeros comparison would miss and grad-buffer-clean catches.)
-HARNESS_FAULTS = {Fault.VACUOUS_PARAM_COMPARE}
+# Every fault is a deviation of the stack under test. (Two former harness faults weakened a check
+# without any stack deviation, so their failures proved nothing: `zeros-vs-zeros` gave way to
+# force-sync-payload-not-zeroed, which grad-buffer-clean catches, and `vacuous-param-compare`
+# to quantized-classifier-always-true, which dropped-set-replaced catches.)
 
 
 @dataclass(frozen=True)

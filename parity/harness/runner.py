@@ -26,13 +26,13 @@ from parity.distributed.collectives import all_gather_into, all_gather_object, a
 from parity.distributed.groups import build_groups
 from parity.harness import golden
 from parity.harness.compare import compare_tensors
-from parity.harness.faults import HARNESS_FAULTS, bump_one_ulp
+from parity.harness.faults import bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.harness.timing import PhaseClock, profile_file
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
-from parity.vocab import Fault, Phase, Side
+from parity.vocab import Phase, Side
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -192,10 +192,9 @@ class LockstepRunner:
         self.rank = dist.get_rank()
         self.groups = build_groups(scenario.ep)
         faults = [i.name for i in opts.injections if i.kind == "fault"]
-        self.harness_faults = {f for f in faults if f in HARNESS_FAULTS}
         self.ulps = [i for i in opts.injections if i.kind == "ulp"]
         self.lifecycle = [i for i in opts.injections if i.kind in ("crash", "hang")]
-        cfg_test, cfg_ref = scenario.stack_configs(faults={f for f in faults if f not in HARNESS_FAULTS})
+        cfg_test, cfg_ref = scenario.stack_configs(faults=set(faults))
         t0 = time.perf_counter()
         self.test = Stack(cfg_test, self.groups, self.device)
         self.ref = Stack(cfg_ref, self.groups, self.device)
@@ -348,8 +347,6 @@ class LockstepRunner:
         """Compare one report of the test stack with ref's (complete) capture of that phase."""
         st = self.states[step]
         ref = st.ref[phase].tensors
-        if phase == Phase.PARAM_SYNC and Fault.VACUOUS_PARAM_COMPARE in self.harness_faults:
-            cur = {}  # every param classified as quantized: nothing left to compare
         n_before = len(self.result.divergences)
         done = st.compared.setdefault(phase, set())
         for k in sorted(cur):
@@ -467,8 +464,7 @@ class LockstepRunner:
         self._on_test(step, phase, masters(self.test))
 
     def _dropped_set_checks(self, step, cur, ref) -> None:
-        _, _, self.pinned_drop = _param_keys(cur, ref, self.pinned_drop, step, self.harness_faults,
-                                             self._check, self.expect_drop)
+        self.pinned_drop = _check_dropped_set(cur, ref, self.pinned_drop, step, self._check, self.expect_drop)
 
     def _after_test_step(self, step: int) -> None:
         test = self.test
@@ -588,26 +584,24 @@ def _any_rank(flag: bool, device) -> bool:
     return bool(t.item())
 
 
-def _param_keys(live, ref, pinned_drop, step, harness_faults, check, expect_drop):
-    """ON holds FP8 weights only as FP8 parts; OFF holds them as bf16 too. The bf16 keys ON
-    drops are pinned at the first step: the set must stay the same and must not be empty when ON
-    has FP8 params (an empty or shrinking set means the comparison lost coverage). Returns the
-    two key sets to compare and the pinned set."""
-    cur = live
-    if Fault.VACUOUS_PARAM_COMPARE in harness_faults:
-        cur = {}  # every param classified as quantized: nothing left to compare
-        ref = {}
-    dropped = sorted(set(ref) - set(cur))
+def _check_dropped_set(live, ref, pinned_drop, step, check, expect_drop):
+    """ON holds its FP8 weights only as FP8 parts; OFF holds them as bf16 too. The bf16 keys only
+    OFF has are pinned at the first step: the set must not be empty when only ON has FP8 params,
+    must stay the same, and each of its keys must be replaced by ON's FP8 bytes of that param (a
+    param ON merely stopped reporting, as a classifier that calls every tensor quantized makes it
+    do, is a comparison lost, not an FP8 weight). Returns the pinned set."""
+    dropped = sorted(set(ref) - set(live))
+    lost = [k for k in dropped if f"{k}.fp8.rowwise_data" not in live]
+    check(step, "dropped-set-replaced", not lost,
+          f"step {step}: {len(lost)} param_sync keys only in OFF have no FP8 bytes in ON (first: {lost[:1]})")
     if pinned_drop is None:
-        pinned_drop = dropped
         check(step, "dropped-set", bool(dropped) == expect_drop,
               f"step {step}: {len(dropped)} param_sync keys only in OFF; expected "
               f"{'some (the bf16 copies of FP8 weights)' if expect_drop else 'none'}")
-    else:
-        check(step, "dropped-set-stable", dropped == pinned_drop,
-              f"step {step}: param_sync keys only in OFF changed from {len(pinned_drop)} to {len(dropped)}")
-    ref = {k: v for k, v in ref.items() if k in cur}
-    return cur, ref, pinned_drop
+        return dropped
+    check(step, "dropped-set-stable", dropped == pinned_drop,
+          f"step {step}: param_sync keys only in OFF changed from {len(pinned_drop)} to {len(dropped)}")
+    return pinned_drop
 
 
 def _is_expert_name(k: str) -> bool:

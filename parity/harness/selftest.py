@@ -41,7 +41,7 @@ class Expect:
 CASES = {
     "split-grad-buffers": ("w4-moe", Expect("mismatch", phase="grad_reduce")),
     "numel-only-ownership": ("w4-dense", Expect("check", check="ownership-agrees", step=-1)),
-    "vacuous-param-compare": ("w4-dense", Expect("check", check="nonempty/param_sync", step=0)),
+    "quantized-classifier-always-true": ("w4-dense", Expect("check", check="dropped-set-replaced", step=0)),
     "sample-before-deferred-gather": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
     "no-rearm-in-finish-grad-sync": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=1)),
     "force-sync-stale": ("w4-force-sync-pair", Expect("mismatch", phase="param_sync", step=0)),
