@@ -78,3 +78,4 @@ class Fault(StrEnum):
     FTZ_SUBNORMAL_SCALE_INV = "ftz-subnormal-scale-inv"
     STALE_SCALE_INV = "stale-scale-inv"
     PADDING_ONLY_SHARD = "padding-only-shard"
+    WRAPPER_PREFIXED_NAMES = "wrapper-prefixed-names"

@@ -31,6 +31,8 @@ class DDP:
     def __init__(self, model, config: DDPConfig, *, dp_group, expt_dp_group, device, faults=frozenset()):
         self.model, self.config, self.faults = model, config, frozenset(faults)
         self.names = {p: n for n, p in model.named_parameters()}
+        if Fault.WRAPPER_PREFIXED_NAMES in self.faults:  # as a wrapper module's named_parameters() gives them
+            self.names = {p: f"module.{n}" for p, n in self.names.items()}
         self.dp_group, self.expt_dp_group = dp_group, expt_dp_group
         groups = group_params_for_buffers(
             model.named_parameters(), merge_layerwise_fp8_grads=config.merge_layerwise_fp8_grads,

@@ -65,6 +65,8 @@ CATALOGUE = {
                             "invisible until a block's pow2 scale flips", 26),
     Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
                                "only alignment padding", 12),
+    Fault.WRAPPER_PREFIXED_NAMES: ("ON names its params as a wrapper module does (`module.` prefix): no key "
+                                   "of ON's matches one of OFF's, and a comparison by key compares nothing", 4),
 }
 # Every fault is a deviation of the stack under test. (Two former harness faults weakened a check
 # without any stack deviation, so their failures proved nothing: `zeros-vs-zeros` gave way to

@@ -143,3 +143,16 @@ def test_param_sync_dropped_set_checks_can_fail():
     # ON lost "norm" (no FP8 bytes stand in for it): the set is as pinned, but a comparison was lost
     _check_dropped_set({"w.fp8.rowwise_data": t}, off, ["norm", "w"], 3, check, expect_drop=True)
     assert results[-2:] == [("dropped-set-replaced", False), ("dropped-set-stable", True)]
+
+
+def test_params_named_apart_leave_nothing_to_compare_and_that_is_caught(single_rank):
+    """docs/spec/megatron.md s5 item 4: ON names its params as a wrapper module would, so no tensor
+    key of ON's meets one of OFF's. No bit differs (nothing is compared but the loss and the grad
+    statistics); the key and non-empty checks are what fail, from the masters at construction on."""
+    res = run(single_rank, steps=2, injections=[Injection("fault", name=Fault.WRAPPER_PREFIXED_NAMES)])
+    divs, bad = failures(res)
+    assert not divs
+    failed = {(c["check"], c["step"]) for c in bad}
+    for step, phases in ((-1, ["init"]), (0, ["grad_local", "grad_reduce", "param_sync"]), (1, ["param_sync"])):
+        for phase in phases:
+            assert {(f"nonempty/{phase}", step), (f"keys/{phase}", step)} <= failed, (phase, step)
