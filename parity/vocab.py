@@ -79,3 +79,4 @@ class Fault(StrEnum):
     STALE_SCALE_INV = "stale-scale-inv"
     PADDING_ONLY_SHARD = "padding-only-shard"
     WRAPPER_PREFIXED_NAMES = "wrapper-prefixed-names"
+    OPTIMIZER_REPORTED_ONCE = "optimizer-reported-once"

@@ -67,6 +67,8 @@ CATALOGUE = {
                                "only alignment padding", 12),
     Fault.WRAPPER_PREFIXED_NAMES: ("ON names its params as a wrapper module does (`module.` prefix): no key "
                                    "of ON's matches one of OFF's, and a comparison by key compares nothing", 4),
+    Fault.OPTIMIZER_REPORTED_ONCE: ("the optimizer state is reported at the first step only: later steps' "
+                                    "masters and moments leave the comparison", 4),
 }
 # Every fault is a deviation of the stack under test. (Two former harness faults weakened a check
 # without any stack deviation, so their failures proved nothing: `zeros-vs-zeros` gave way to

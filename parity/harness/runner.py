@@ -32,7 +32,7 @@ from parity.harness.snapshot import tensor_sha256
 from parity.harness.timing import PhaseClock, profile_file
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
-from parity.vocab import Phase, Side
+from parity.vocab import STEP_PHASES, Phase, Side
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -200,6 +200,9 @@ class LockstepRunner:
         self.ref = Stack(cfg_ref, self.groups, self.device)
         build_s = time.perf_counter() - t0
         self.expect_drop = cfg_test.fp8_param_gather and not cfg_ref.fp8_param_gather
+        # grads reduced while backward runs (either side) leave no pre-reduce capture to compare
+        overlapped = self.test.ddp.config.overlap_grad_reduce or self.ref.ddp.config.overlap_grad_reduce
+        self.step_phases = [ph for ph in STEP_PHASES if not (ph == Phase.GRAD_LOCAL and overlapped)]
         self.star = _first_layer_wise_matrix(self.test)
         self.all_reduced = {self.test.names[p] for p in self.test.params
                             if not self.test.ddp.group_of[id(p)].use_distributed_optimizer}
@@ -535,6 +538,11 @@ class LockstepRunner:
                 continue
             if not self._closed(st) and not final:
                 return
+            for phase in self.step_phases:  # a phase one side stopped reporting is a comparison lost
+                missing = [side for side, caps in (("ON", st.test), ("OFF", st.ref))
+                           if phase not in caps or not caps[phase].complete]
+                self._check(step, f"reported/{phase}", not missing,
+                            f"step {step}/{phase}/rank {self.rank}: not reported whole by {' and '.join(missing)}")
             self._replica_checks(step, st)
             res = self.result
             step_div = [d for d in res.divergences if d["step"] == step]

@@ -75,6 +75,7 @@ CASES = {
     "padding-only-shard": ("w4-padded-gap-shard-resume", Expect(
         "error", error="checkpoint save failed: Failed to validate global plan")),  # torch 2.13 adds the key
     "wrapper-prefixed-names": ("w4-dense", Expect("check", check="nonempty/init", step=-1)),
+    "optimizer-reported-once": ("w4-dense", Expect("check", check="reported/optimizer", step=1)),
 }
 
 

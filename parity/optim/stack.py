@@ -118,7 +118,8 @@ class Stack:
         self.set_lr(step)
         self.layerwise.step()
         self.distopt.step()
-        on_phase(step, Phase.OPTIMIZER, self.optimizer_state())
+        if step == 0 or Fault.OPTIMIZER_REPORTED_ONCE not in cfg.faults:
+            on_phase(step, Phase.OPTIMIZER, self.optimizer_state())
         if self.overlap:
             self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.param_gather_groups()})
             self.distopt.gather(only=ddp.eager_gather_buckets())

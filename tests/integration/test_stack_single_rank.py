@@ -156,3 +156,13 @@ def test_params_named_apart_leave_nothing_to_compare_and_that_is_caught(single_r
     for step, phases in ((-1, ["init"]), (0, ["grad_local", "grad_reduce", "param_sync"]), (1, ["param_sync"])):
         for phase in phases:
             assert {(f"nonempty/{phase}", step), (f"keys/{phase}", step)} <= failed, (phase, step)
+
+
+def test_a_phase_reported_at_the_first_step_only_is_caught(single_rank):
+    """A phase one side stops reporting leaves the comparison at every later step, while the run's
+    totals still show it compared (at step 0); every step checks that each phase came whole from
+    both sides."""
+    res = run(single_rank, steps=3, injections=[Injection("fault", name=Fault.OPTIMIZER_REPORTED_ONCE)])
+    divs, bad = failures(res)
+    assert not divs and res["compared_by_phase"]["optimizer"] > 0
+    assert {(c["check"], c["step"]) for c in bad} == {("reported/optimizer", 1), ("reported/optimizer", 2)}
