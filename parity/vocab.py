@@ -80,3 +80,4 @@ class Fault(StrEnum):
     PADDING_ONLY_SHARD = "padding-only-shard"
     WRAPPER_PREFIXED_NAMES = "wrapper-prefixed-names"
     OPTIMIZER_REPORTED_ONCE = "optimizer-reported-once"
+    RANK1_SKIPS_RANK0_SLOT = "rank1-skips-rank0-slot"

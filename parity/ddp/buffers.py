@@ -263,7 +263,7 @@ class BucketGroup:
                 staged = b.layerwise_fp8_staged
                 if Fault.STAGING_NOT_PERSISTED in self.faults:
                     staged = not staged
-                param_sync.copy_back_all(b.layerwise_lists, flat, sizes, staged, my)
+                param_sync.copy_back_all(b.layerwise_lists, flat, sizes, staged, my, self.faults)
                 b.gather_slots = None
                 if not _keep_payload(self.faults, source):
                     b.grad_data.zero_()

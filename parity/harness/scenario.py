@@ -21,6 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from parity.ddp.config import LAYOUTS, DDPConfig
 from parity.harness.errors import ConfigError
+from parity.harness.faults import SHARED_FAULTS
 from parity.model.config import InitEdges, ModelConfig
 from parity.optim.config import OptimConfig, StackConfig
 from parity.vocab import Recipe
@@ -106,7 +107,9 @@ class Scenario:
         return ModelConfig(**{"moe": self.moe, **self.model, "edges": InitEdges.from_names(self.stress)})
 
     def stack_configs(self, faults=frozenset()) -> tuple[StackConfig, StackConfig]:
-        """(A, B) = the knob ON and OFF. Faults apply to A (the stack under test) only."""
+        """(A, B) = the knob ON and OFF. Faults apply to A (the stack under test) only, but for the
+        shared ones (:data:`parity.harness.faults.SHARED_FAULTS`), which apply to both."""
+        shared = set(faults) & SHARED_FAULTS
         model = self.model_config()
         optim = self.optim_config()
 
@@ -118,12 +121,12 @@ class Scenario:
                                force_sync_each_step=force_sync, faults=frozenset(f))
 
         if self.pair == "fp8_param_gather":
-            return (make(True, self.overlap, False, faults), make(False, self.overlap, False, ()))
+            return (make(True, self.overlap, False, faults), make(False, self.overlap, False, shared))
         if self.pair == "overlap_param_gather":
             return (make(self.fp8_param_gather, True, False, faults),
-                    make(self.fp8_param_gather, False, False, ()))
+                    make(self.fp8_param_gather, False, False, shared))
         return (make(self.fp8_param_gather, True, True, faults),
-                make(self.fp8_param_gather, True, False, ()))
+                make(self.fp8_param_gather, True, False, shared))
 
     def optim_config(self) -> OptimConfig:
         return OptimConfig(lr=self.lr, clip_grad=self.clip_grad, lr_decay_style=self.lr_decay_style,

@@ -79,6 +79,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
         "error", error="checkpoint save failed: Failed to validate global plan")),  # torch 2.13 adds the key
     "wrapper-prefixed-names": ("w4-dense", Expect("check", check="nonempty/init", step=-1)),
     "optimizer-reported-once": ("w4-dense", Expect("check", check="reported/optimizer", step=1)),
+    # in both stacks (a shared fault): ON == OFF holds, the dense and the expert replicas part
+    "rank1-skips-rank0-slot": ("w4-moe", (Expect("check", check="replicas/dp", step=0),
+                                          Expect("check", check="replicas/expert-dp", step=0))),
 }
 
 

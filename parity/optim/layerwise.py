@@ -153,7 +153,7 @@ class LayerWiseOptimizer:
                 flat, sizes, _ = param_sync.gather_lists(part, group, my, None, fp8, dtype, self.device,
                                                          self.faults)
                 if flat is not None:
-                    param_sync.copy_back_all(part, flat, sizes, fp8, my)
+                    param_sync.copy_back_all(part, flat, sizes, fp8, my, self.faults)
 
     def _gather_padded(self):
         for buf in self.lw_buffers:

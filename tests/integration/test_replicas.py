@@ -1,41 +1,33 @@
 """The replica check catches what the ON == OFF comparison cannot: a bug that moves both sides
-alike on one rank. Here rank 1 drops rank 0's slot of every LayerWise param gather, on both
-sides (a shared code path), so its replicas of rank 0's params stay stale while ON still equals
-OFF on every rank. Only the check that the DP replicas agree can see it, and it names them."""
+alike on one rank. With the shared fault `rank1-skips-rank0-slot`, rank 1 drops rank 0's slot of
+every LayerWise param gather, on both sides (a code path they share), so its replicas of rank 0's
+params stay stale while ON still equals OFF on every rank. Only the check that the DP replicas
+agree can see it, and it names them."""
 
 import pytest
 
-from parity.harness.launch import LaunchConfig, launch
-from parity.harness.runner import RunOptions, rank_main
+from parity.harness.driver import run_scenario
+from parity.harness.faults import SHARED_FAULTS, Injection
+from parity.harness.runner import RunOptions
 from parity.harness.scenario import make_scenario
+from parity.vocab import Fault
 
 SCENARIO = {"name": "stale-replica", "world": 2, "steps": 2}
 
 
-def _rank(ctx, stale: bool) -> dict:
-    from parity.ddp import param_sync
-
-    if stale:
-        copy_back_all = param_sync.copy_back_all
-
-        def rank_0_slot_dropped_on_rank_1(lists, flat, sizes, fp8_staged, my_rank):
-            if my_rank == 1:
-                lists = [[] if r == 0 else lst for r, lst in enumerate(lists)]
-            return copy_back_all(lists, flat, sizes, fp8_staged, my_rank)
-
-        param_sync.copy_back_all = rank_0_slot_dropped_on_rank_1
-    return rank_main(ctx, make_scenario(SCENARIO), RunOptions(progress=False, snapshot="none",
-                                                              golden_digests=False))
-
-
-def _run(stale: bool) -> list[dict]:
-    return launch(_rank, LaunchConfig(world_size=2, start_method="forkserver", deadline_s=180), stale)
+def _run(*faults) -> list[dict]:
+    opts = RunOptions(injections=tuple(Injection("fault", name=f) for f in faults), progress=False,
+                      snapshot="none", golden_digests=False)
+    entry, results = run_scenario(make_scenario(SCENARIO), opts, timeout_s=120)
+    assert entry["status"] != "error", entry.get("error")
+    return results
 
 
 @pytest.mark.slow
 @pytest.mark.ranks(2)
 def test_a_stale_replica_on_one_rank_fails_the_replica_check():
-    for res in _run(stale=True):
+    assert Fault.RANK1_SKIPS_RANK0_SLOT in SHARED_FAULTS  # injected into both sides
+    for res in _run(Fault.RANK1_SKIPS_RANK0_SLOT):
         assert res["divergences"] == [], res["divergences"][:2]  # ON == OFF on every rank
         failed = [c for c in res["checks"] if not c["ok"]]
         assert {c["check"] for c in failed} == {"replicas/dp"}, failed
@@ -45,8 +37,8 @@ def test_a_stale_replica_on_one_rank_fails_the_replica_check():
 
 @pytest.mark.slow
 @pytest.mark.ranks(2)
-def test_the_same_run_unpatched_passes_the_replica_check():
-    for res in _run(stale=False):
+def test_the_same_run_without_it_passes_the_replica_check():
+    for res in _run():
         assert res["divergences"] == []
         assert [c for c in res["checks"] if not c["ok"]] == []
         assert any(c["check"] == "replicas/dp" for c in res["checks"])
