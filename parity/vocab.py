@@ -48,7 +48,8 @@ class Side(StrEnum):
 
 
 class Fault(StrEnum):
-    """Catalogued faults: each reverts one fix of the stack (or weakens one harness check)."""
+    """Catalogued faults: each reverts one fix of the stack, or (a shared fault) plants a bug in a code
+    path both sides run (parity.harness.faults)."""
 
     SPLIT_GRAD_BUFFERS = "split-grad-buffers"
     NUMEL_ONLY_OWNERSHIP = "numel-only-ownership"

@@ -72,10 +72,10 @@ CATALOGUE = {
     Fault.RANK1_SKIPS_RANK0_SLOT: ("rank 1 skips rank 0's slot of every LayerWise gather's copy-back, on both "
                                    "sides: its replicas of rank 0's params stay stale while ON == OFF", 2),
 }
-# Every fault is a deviation of the stack under test. (Two former harness faults weakened a check
-# without any stack deviation, so their failures proved nothing: `zeros-vs-zeros` gave way to
-# force-sync-payload-not-zeroed, which grad-buffer-clean catches, and `vacuous-param-compare`
-# to quantized-classifier-always-true, which dropped-set-replaced catches.)
+# Every fault deviates the stack: the stack under test, or both for a shared one. (Two former
+# harness faults weakened a check without any stack deviation, so their failures proved nothing:
+# `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
+# `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree) can see them."""
