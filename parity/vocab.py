@@ -82,3 +82,4 @@ class Fault(StrEnum):
     WRAPPER_PREFIXED_NAMES = "wrapper-prefixed-names"
     OPTIMIZER_REPORTED_ONCE = "optimizer-reported-once"
     RANK1_SKIPS_RANK0_SLOT = "rank1-skips-rank0-slot"
+    CHECKPOINT_DROPS_MOMENTUM = "checkpoint-drops-momentum"

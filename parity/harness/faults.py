@@ -71,14 +71,17 @@ CATALOGUE = {
                                     "masters and moments leave the comparison", 4),
     Fault.RANK1_SKIPS_RANK0_SLOT: ("rank 1 skips rank 0's slot of every LayerWise gather's copy-back, on both "
                                    "sides: its replicas of rank 0's params stay stale while ON == OFF", 2),
+    Fault.CHECKPOINT_DROPS_MOMENTUM: ("the checkpoint leaves out Muon's momentum, on both sides: the resumed run "
+                                      "restarts it from zero while ON == OFF", 12),
 }
 # Every fault deviates the stack: the stack under test, or both for a shared one. (Two former
 # harness faults weakened a check without any stack deviation, so their failures proved nothing:
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
-SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT}
+SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
-that does not compare the two (the replicas agree) can see them."""
+that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one) can
+see them."""
 
 
 @dataclass(frozen=True)

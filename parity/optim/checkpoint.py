@@ -110,6 +110,8 @@ def _layerwise_state(stack, prefix: str) -> dict:
         if m is not p:
             out[f"{prefix}layerwise/{name}.master"] = m
         for k, v in (lw.muon.state.get(m, {}) if lw.muon else {}).items():
+            if k == "momentum_buffer" and Fault.CHECKPOINT_DROPS_MOMENTUM in stack.cfg.faults:
+                continue  # a resumed Muon starts from zero momentum
             if torch.is_tensor(v):
                 out[f"{prefix}layerwise/{name}.{k}"] = v
     return out
