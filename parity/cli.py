@@ -162,6 +162,7 @@ def main(argv=None) -> int:
     import signal
 
     from parity.harness.errors import ParityError, UsageError
+    from parity.harness.torchrun_env import refuse_restarts, under_torchrun
 
     # Before torch loads: the CPU pins and one BLAS thread for this process too, so that a torchrun
     # supervisor can fork its rank itself (parity.harness.launch).
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
         previous_sigterm, restore = None, False
     job, stdout = None, sys.stdout
     try:
+        if args.cmd in ("run", "golden") and under_torchrun():
+            refuse_restarts()  # before torch loads: every worker would import it only to refuse
         if args.cmd in _COMMANDS_STARTING_WITH_TORCH:
             import_torch_uncollected()
         job = _torchrun_start(args, argv)
@@ -271,14 +274,14 @@ def import_torch_uncollected() -> None:
 
 def _torchrun_start(args, argv):
     """Under torchrun, for the commands that launch ranks: this worker's job, after checking that
-    torchrun will not restart it, that every worker runs the same command (they must make the same
-    launches in the same order) and that every node has the same determinism environment and torch
-    (else bits differ between nodes for reasons no check here would name). None outside torchrun."""
-    from parity.harness.torchrun_env import refuse_restarts, under_torchrun
+    every worker runs the same command (they must make the same launches in the same order) and
+    that every node has the same determinism environment and torch (else bits differ between nodes
+    for reasons no check here would name). None outside torchrun. (A torchrun that would restart
+    the job was refused before torch loaded.)"""
+    from parity.harness.torchrun_env import under_torchrun
 
     if args.cmd not in ("run", "golden") or not under_torchrun():
         return None
-    refuse_restarts()  # before torch loads: every worker would import it only to refuse
     import_torch_uncollected()
     import torch
 

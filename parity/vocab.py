@@ -43,7 +43,7 @@ STEP_PHASES: tuple[Phase, ...] = (Phase.FORWARD, Phase.GRAD_LOCAL, Phase.GRAD_RE
 class Side(StrEnum):
     """The two stacks of a lockstep pair."""
 
-    TEST = "test"  # the stack under test (the knob ON); faults apply here only
+    TEST = "test"  # the stack under test (the knob ON); faults apply here only, shared ones to both
     REF = "ref"    # the reference (the knob OFF)
 
 

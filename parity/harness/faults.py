@@ -1,10 +1,12 @@
-"""Fault injection: named stack faults (each reverts one fix) and harness-level injections.
+"""Fault injection: named stack faults (each reverts one fix, or plants a bug both sides share)
+and harness-level injections.
 
 ``--inject`` accepts:
 - ``ulp:STEP:PHASE:PARAM``: after PHASE of STEP, move one element of the live tensor of the stack
   under test by one ULP (PARAM as reports name it; ``*``: the first Muon-managed matrix).
 - ``crash:RANK:STEP`` / ``hang:RANK:STEP``: that rank dies / stops answering at that step.
-- a catalogue name (see CATALOGUE): the stack under test runs with that fix reverted.
+- a catalogue name (see CATALOGUE): the stack under test runs with that fix reverted; a shared
+  fault (SHARED_FAULTS) goes into both stacks.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from parity.vocab import STEP_PHASES, Fault
 if TYPE_CHECKING:  # parsing --inject needs no torch (bad input is answered before torch loads)
     import torch
 
-# name -> (what the fault reverts, docs/spec/megatron.md s5 item)
+# name -> (what the fault does, docs/spec/megatron.md s5 item)
 CATALOGUE = {
     Fault.SPLIT_GRAD_BUFFERS: ("FP8 Muon grads keyed uint8: two all-reduce buffers where OFF has one", 1),
     Fault.NUMEL_ONLY_OWNERSHIP: ("ownership sorted by numel only; ties broken by rank-local insertion order", 2),
@@ -66,16 +68,17 @@ CATALOGUE = {
     Fault.PADDING_ONLY_SHARD: ("checkpoint save drops the DistOpt chunk of a rank whose bucket shard holds "
                                "only alignment padding", 12),
     Fault.WRAPPER_PREFIXED_NAMES: ("ON names its params as a wrapper module does (`module.` prefix): no key "
-                                   "of ON's matches one of OFF's, and a comparison by key compares nothing", 4),
+                                   "of ON's matches one of OFF's, and a comparison by key compares nothing", 27),
     Fault.OPTIMIZER_REPORTED_ONCE: ("the optimizer state is reported at the first step only: later steps' "
-                                    "masters and moments leave the comparison", 4),
+                                    "masters and moments leave the comparison", 28),
     Fault.RANK1_SKIPS_RANK0_SLOT: ("rank 1 skips rank 0's slot of every LayerWise gather's copy-back, on both "
-                                   "sides: its replicas of rank 0's params stay stale while ON == OFF", 2),
+                                   "sides: its replicas of rank 0's params stay stale while ON == OFF", 29),
     Fault.CHECKPOINT_DROPS_MOMENTUM: ("the checkpoint leaves out Muon's momentum, on both sides: the resumed run "
-                                      "restarts it from zero while ON == OFF", 12),
+                                      "restarts it from zero while ON == OFF", 30),
 }
-# Every fault deviates the stack: the stack under test, or both for a shared one. (Two former
-# harness faults weakened a check without any stack deviation, so their failures proved nothing:
+# Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
+# a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
+# check without any stack deviation, so their failures proved nothing:
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM}

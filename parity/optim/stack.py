@@ -197,7 +197,7 @@ class Stack:
                         self.window.first_use[g] = (self.names[p], g.param_gathers[self.window.start[g]:])
             if self._capture is not None:
                 on_phase, step = self._capture
-                live = {self.names[p]: p.data for p in own if not is_quantized_param(p)}
+                live = {self.names[p]: p.data for p in own if not self._reported_as_quantized(p)}
                 if live:
                     on_phase(step, Phase.PARAM_SYNC, live, complete=False)
         return hook
@@ -259,14 +259,17 @@ class Stack:
                 out["clip_coef"] = st.clip_coef
         return out
 
+    def _reported_as_quantized(self, p) -> bool:
+        """Whether ``p`` is reported by its FP8 parts (not by its own data) at param_sync."""
+        if Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE in self.cfg.faults:
+            return hasattr(p, "dequantize")  # every torch tensor has it
+        return is_quantized_param(p)
+
     def param_tensors(self) -> dict:
         out = {}
         for p in self.params:
             name = self.names[p]
-            quantized = is_quantized_param(p)
-            if Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE in self.cfg.faults:
-                quantized = hasattr(p, "dequantize")  # every torch tensor has it
-            if quantized:
+            if self._reported_as_quantized(p):
                 qt = getattr(p, "qt", None)  # a misclassified bf16 param has none: it reports nothing
             else:
                 out[name] = p.data

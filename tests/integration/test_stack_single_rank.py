@@ -97,11 +97,14 @@ def test_masters_equal_at_construction_and_dequant_seeding_fails(single_rank):
     assert init, "a master seeded from the FP8 dequantization must differ before any update"
 
 
-def test_a_classifier_that_calls_every_param_quantized_is_caught(single_rank):
+@pytest.mark.parametrize("overlap", [False, True], ids=["step-end", "at-consumption"])
+def test_a_classifier_that_calls_every_param_quantized_is_caught(single_rank, overlap):
     """docs/spec/megatron.md s5 item 3: probing `dequantize` classifies every param as quantized, so
     ON reports only FP8 bytes at param_sync and every bf16/fp32 param leaves the comparison. Bits
-    still agree and the dropped set is non-empty and stable; only dropped-set-replaced sees it."""
-    res = run(single_rank, steps=2, injections=[Injection("fault", name=Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE)])
+    still agree and the dropped set is non-empty and stable; only dropped-set-replaced sees it.
+    Under overlap the params are reported as the forward uses them: the same classifier decides."""
+    res = run(single_rank, steps=2, overlap=overlap,
+              injections=[Injection("fault", name=Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE)])
     divs, bad = failures(res)
     assert not divs
     assert {(c["check"], c["step"]) for c in bad} == {("dropped-set-replaced", 0), ("dropped-set-replaced", 1)}
@@ -146,7 +149,7 @@ def test_param_sync_dropped_set_checks_can_fail():
 
 
 def test_params_named_apart_leave_nothing_to_compare_and_that_is_caught(single_rank):
-    """docs/spec/megatron.md s5 item 4: ON names its params as a wrapper module would, so no tensor
+    """docs/spec/megatron.md s5 item 27: ON names its params as a wrapper module would, so no tensor
     key of ON's meets one of OFF's. No bit differs (nothing is compared but the loss and the grad
     statistics); the key and non-empty checks are what fail, from the masters at construction on."""
     res = run(single_rank, steps=2, injections=[Injection("fault", name=Fault.WRAPPER_PREFIXED_NAMES)])

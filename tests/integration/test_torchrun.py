@@ -207,8 +207,9 @@ def _as_worker(extra: dict) -> dict:
     return env
 
 
-def test_max_restarts_above_zero_is_refused_before_torch_loads():
-    code = ("import sys; from parity.cli import main; rc = main(['run', '--steps', '1']); "
+@pytest.mark.parametrize("command", [["run", "--steps", "1"], ["golden", "check", "default"]])
+def test_max_restarts_above_zero_is_refused_before_torch_loads(command):
+    code = (f"import sys; from parity.cli import main; rc = main({command!r}); "
             "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=_as_worker({"TORCHELASTIC_MAX_RESTARTS": "2"}))
