@@ -227,6 +227,15 @@ def run(args, *, env=None, timeout=300, cwd=None, fresh=False, cpus=None) -> sub
         return subprocess.CompletedProcess(PARITY + args, code, _read(out), _read(err))
 
 
+def run_fresh_noting_torch(args, *, env, timeout=120) -> subprocess.CompletedProcess:
+    """`parity ARGS` through ``parity.cli.main`` in a fresh interpreter that then prints whether torch
+    was loaded ("torch loaded" / "no torch"), and exits with the command's code."""
+    code = ("import sys; from parity.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *[str(a) for a in args]], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
 def _read(name: str) -> str:
     with open(name, encoding="utf-8", errors="replace") as f:
         return f.read()

@@ -270,7 +270,7 @@ class Stack:
         for p in self.params:
             name = self.names[p]
             if self._reported_as_quantized(p):
-                qt = getattr(p, "qt", None)  # a misclassified bf16 param has none: it reports nothing
+                qt = p.qt if is_quantized_param(p) else None  # a misclassified bf16 param reports nothing
             else:
                 out[name] = p.data
                 m = self.fp8_linears.get(p)

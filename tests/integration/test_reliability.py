@@ -164,10 +164,7 @@ def test_bad_input_is_answered_before_torch_loads(tmp_path, args, env):
         argv = [a.replace(name, str(path)) for a in argv]
     if "--out" not in argv:
         argv += ["--out", str(tmp_path / "o")]
-    code = ("import sys; from parity.cli import main; rc = main(['run', *sys.argv[1:]]); "
-            "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
-                       env=command_env(**env))
+    r = cli_fork.run_fresh_noting_torch(["run", *argv], env=command_env(**env))
     assert r.returncode == 2 and "no torch" in r.stdout, r.stdout + r.stderr
 
 

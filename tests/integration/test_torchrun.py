@@ -209,10 +209,7 @@ def _as_worker(extra: dict) -> dict:
 
 @pytest.mark.parametrize("command", [["run", "--steps", "1"], ["golden", "check", "default"]])
 def test_max_restarts_above_zero_is_refused_before_torch_loads(command):
-    code = (f"import sys; from parity.cli import main; rc = main({command!r}); "
-            "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=_as_worker({"TORCHELASTIC_MAX_RESTARTS": "2"}))
+    r = cli_fork.run_fresh_noting_torch(command, env=_as_worker({"TORCHELASTIC_MAX_RESTARTS": "2"}))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "no torch" in r.stdout
     assert "torchrun --max-restarts 2" in r.stderr and "--max-restarts 0" in r.stderr
