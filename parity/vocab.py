@@ -83,3 +83,4 @@ class Fault(StrEnum):
     OPTIMIZER_REPORTED_ONCE = "optimizer-reported-once"
     RANK1_SKIPS_RANK0_SLOT = "rank1-skips-rank0-slot"
     CHECKPOINT_DROPS_MOMENTUM = "checkpoint-drops-momentum"
+    MASTER_LOSES_QKV_SPLIT = "master-loses-qkv-split"

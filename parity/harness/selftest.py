@@ -1,6 +1,10 @@
 """`parity selftest`: inject every catalogued fault on the smallest scenario that exposes it and
 show the expected check catches it, at the expected place. Each scenario also runs clean and
-must pass: a fault "caught" by a check that fires on clean runs too proves nothing."""
+must pass: a fault "caught" by a check that fires on clean runs too proves nothing.
+
+A fault that moves both sides alike is caught by the golden check alone: its case compares the
+faulted run's record with the record of the same scenario run clean here and now, as `parity run`
+compares it with a stored golden (a stored one exists only for the platform that made it)."""
 
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ a passing selftest is the proof that `parity run --set quick` catches the whole 
 
 @dataclass(frozen=True)
 class Expect:
-    """What must happen: a bit mismatch first seen at (step, phase[, tensor]), a failed check, or
-    an error whose text contains ``error``."""
+    """What must happen: a bit mismatch first seen at (step, phase[, tensor]), a failed check, a
+    golden record first differing at (step, phase[, tensor]), or an error whose text contains
+    ``error``."""
 
     kind: str
     phase: str | None = None
@@ -29,10 +34,11 @@ class Expect:
     error: str | None = None
 
     def __str__(self):
-        if self.kind == "mismatch":
+        if self.kind in ("mismatch", "golden"):
             where = [f"step {self.step}" if self.step is not None else None, self.phase,
                      f"*{self.tensor}*" if self.tensor else None]
-            return "mismatch at " + " / ".join(w for w in where if w)
+            head = "mismatch at " if self.kind == "mismatch" else "golden differs at "
+            return head + " / ".join(w for w in where if w)
         if self.kind == "check":
             return f"check {self.check} fails" + (f" at step {self.step}" if self.step is not None else "")
         return f"error: {self.error}"
@@ -84,6 +90,8 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): ON == OFF holds, the dense and the expert replicas part
     "rank1-skips-rank0-slot": ("w4-moe", (Expect("check", check="replicas/dp", step=0),
                                           Expect("check", check="replicas/expert-dp", step=0))),
+    # in both stacks (a shared fault): every in-run check passes; the record parts from the clean one
+    "master-loses-qkv-split": ("w1-moe", Expect("golden", phase="optimizer", step=0, tensor="qkv")),
 }
 
 
@@ -92,6 +100,13 @@ def scenario(key: str):
 
     by_name = {s.name: s for s in load_set(QUICK_SET)}
     return by_name[f"{QUICK_SET}-{key}"]
+
+
+def _golden_first(entry: dict) -> dict | None:
+    """The first differing record of a failed golden comparison (None: none made, or it passed)."""
+    if entry.get("golden") != "fail":
+        return None
+    return entry["golden_detail"]["first"]
 
 
 def observe(entry: dict) -> str:
@@ -103,6 +118,8 @@ def observe(entry: dict) -> str:
         parts.append(f"mismatch at step {fd['step']} / {fd['phase']} / {fd['tensor']}")
     for c in entry.get("failed_checks", []):
         parts.append(f"check {c['check']} fails at step {c['step']}")
+    if (g := _golden_first(entry)) is not None:
+        parts.append(f"golden differs at step {g['step']} / {g['phase']} / {g['tensor']}")
     return "; ".join(dict.fromkeys(parts)) or "nothing"
 
 
@@ -117,6 +134,8 @@ def first_caught(entry: dict) -> str:
     if fd:
         hits.append((fd["step"], fd["phase"]))
     hits += [(c["step"], c["check"]) for c in entry.get("failed_checks", [])]
+    if (g := _golden_first(entry)) is not None:
+        hits.append((g["step"], "golden"))
     if not hits:
         return "-"
     step, where = min(hits, key=lambda h: h[0])
@@ -132,12 +151,34 @@ def caught(exp: Expect, entry: dict) -> bool:
     if exp.kind == "check":
         return any(c["check"].startswith(exp.check) and (exp.step is None or c["step"] == exp.step)
                    for c in entry.get("failed_checks", []))
-    fd = entry.get("first_divergence")
+    fd = entry.get("first_divergence") if exp.kind == "mismatch" else _golden_first(entry)
     return bool(fd) and (exp.phase is None or fd["phase"] == exp.phase) and \
         (exp.step is None or fd["step"] == exp.step) and (exp.tensor is None or exp.tensor in fd["tensor"])
 
 
-_CLEAN: dict = {}  # scenario key -> passes clean; cached per process
+_CLEAN: dict = {}  # (scenario key, with golden digests) -> (passes, its record); cached per process
+
+
+def _record(key: str, results: list[dict]):
+    from parity.harness.golden import record_from_results
+    from parity.harness.goldens_cli import platform_of
+
+    s = scenario(key)
+    return record_from_results(s, results, platform_of(s))
+
+
+def _clean(key: str, digests: bool, out) -> tuple[bool, object]:
+    """(passes, golden record with ``digests``, else None) of the scenario run without a fault."""
+    if (key, digests) not in _CLEAN:
+        # fail_fast: a case asserts where its fault is first caught, and a clean run that passes
+        # runs whole anyway; the steps after the first failing one add nothing but time.
+        opts = RunOptions(progress=False, snapshot="none", golden_digests=digests, fail_fast=True)
+        t0 = time.perf_counter()
+        e, results = run_scenario(scenario(key), opts, timeout_s=30)
+        passes = e["status"] == "pass"
+        _CLEAN[(key, digests)] = (passes, _record(key, results) if digests and passes else None)
+        out(f"[selftest] clean {key}: {e['status']} ({time.perf_counter() - t0:.1f} s)")
+    return _CLEAN[(key, digests)]
 
 
 def run_selftest(faults=None, out=print, *, clean_runs: bool = True) -> list[dict]:
@@ -145,29 +186,28 @@ def run_selftest(faults=None, out=print, *, clean_runs: bool = True) -> list[dic
     ``clean_runs``) the scenario run without it must pass. ``clean_runs=False`` is for a caller
     that runs every quick-set scenario whole itself (the test suite's tests/integration/
     test_scenarios.py, with its golden): then ``clean_passes`` is None and ``caught`` is the
-    detection alone."""
+    detection alone, but for a golden case, whose clean record is made here either way."""
+    from parity.harness.golden import compare
+
     names = list(faults) if faults else list(CATALOGUE)
     unknown = [n for n in names if n not in CASES]
     if unknown:
         from parity.harness.errors import UsageError
         raise UsageError(f"selftest: no case for {unknown}; known: {', '.join(CASES)}")
-    # fail_fast: a case asserts where its fault is first caught, and a clean run that passes runs
-    # whole anyway; the steps after the first failing one add nothing but time.
-    opts = RunOptions(progress=False, snapshot="none", golden_digests=False, fail_fast=True)
     rows = []
     for name in names:
         key, exp = CASES[name]
-        if clean_runs and key not in _CLEAN:
-            t0 = time.perf_counter()
-            e, _ = run_scenario(scenario(key), opts, timeout_s=30)
-            _CLEAN[key] = e["status"] == "pass"
-            out(f"[selftest] clean {key}: {e['status']} ({time.perf_counter() - t0:.1f} s)")
-        clean = _CLEAN[key] if clean_runs else None
+        expects = exp if isinstance(exp, tuple) else (exp,)
+        by_golden = any(e.kind == "golden" for e in expects)
+        clean, clean_record = _clean(key, by_golden, out) if clean_runs or by_golden else (None, None)
+        clean = clean if clean_runs else None
         t0 = time.perf_counter()
         inj = RunOptions(injections=(Injection("fault", name=name),), progress=False, snapshot="none",
-                         golden_digests=False, fail_fast=True)
-        entry, _ = run_scenario(scenario(key), inj, timeout_s=30)
-        expects = exp if isinstance(exp, tuple) else (exp,)
+                         golden_digests=by_golden, fail_fast=True)
+        entry, results = run_scenario(scenario(key), inj, timeout_s=30)
+        if clean_record is not None and entry["status"] != "error":
+            c = compare(clean_record, _record(key, results))
+            entry["golden"], entry["golden_detail"] = c.status, c.to_dict()
         ok = all(caught(e, entry) for e in expects) and clean is not False
         rows.append({"fault": name, "scenario": f"{QUICK_SET}-{key}", "expected": " and ".join(map(str, expects)),
                      "observed": observe(entry), "first_caught": first_caught(entry), "in_quick": True,

@@ -26,7 +26,9 @@ def make_master(p, device, faults=frozenset()) -> torch.Tensor:
         p.clear_high_precision_init_val()
     else:
         master = p.detach().to(torch.float32, copy=True)
-    master.qkv_split_shapes = getattr(p, "qkv_split_shapes", None)
+    # Muon reads the fused QKV layout from the tensor it steps, which is this master, not p.
+    split = getattr(p, "qkv_split_shapes", None)
+    master.qkv_split_shapes = None if Fault.MASTER_LOSES_QKV_SPLIT in faults else split
     return master
 
 
