@@ -84,3 +84,4 @@ class Fault(StrEnum):
     RANK1_SKIPS_RANK0_SLOT = "rank1-skips-rank0-slot"
     CHECKPOINT_DROPS_MOMENTUM = "checkpoint-drops-momentum"
     MASTER_LOSES_QKV_SPLIT = "master-loses-qkv-split"
+    RESHARD_DROPS_MOVED_MOMENTUM = "reshard-drops-moved-momentum"

@@ -77,16 +77,19 @@ CATALOGUE = {
                                       "restarts it from zero while ON == OFF", 30),
     Fault.MASTER_LOSES_QKV_SPLIT: ("the fp32 master drops the fused QKV split, on both sides: Muon "
                                    "orthogonalizes q, k and v as one matrix while ON == OFF", 31),
+    Fault.RESHARD_DROPS_MOVED_MOMENTUM: ("a resharded load restores Muon's momentum only where the owner "
+                                         "stayed, on both sides: a new owner starts from zero", 32),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
 # check without any stack deviation, so their failures proved nothing:
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
-SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT}
+SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
+                 Fault.RESHARD_DROPS_MOVED_MOMENTUM}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
-that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; the
-run equals its golden) can see them."""
+that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
+resharded load equals what was saved; the run equals its golden) can see them."""
 
 
 @dataclass(frozen=True)

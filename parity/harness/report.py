@@ -35,6 +35,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
         tensor = d["path"].split("/", 2)[2].rsplit("/rank", 1)[0]
         first = {"step": d["step"], "phase": d["phase"], "tensor": tensor, "rank": d["rank"],
                  "max_ulp": d.get("max_ulp"), "n_diff": d.get("n_diff")}
+        if d.get("reason"):  # compared by digest, or held by one run only: no element counts
+            first["reason"] = d["reason"]
         nonfinite_counts = {k: d[k] for k in ("nan_a", "nan_b", "inf_a", "inf_b") if d.get(k)}
         if nonfinite_counts:  # NaN/Inf in the differing tensors (a NaN payload difference, ...)
             first["nonfinite"] = nonfinite_counts
@@ -98,7 +100,10 @@ def _snapshot_io(results: list[dict]) -> dict:
 
 def fmt_divergence(fd: dict) -> str:
     """How a first divergence differs: "max 1 ULP, 1 element differs" (raw FP8 bytes and integer
-    tensors have no ULP distance: only the count)."""
+    tensors have no ULP distance: only the count; a tensor that only one run holds, or runs compared
+    by digest, have neither: the divergence's reason)."""
+    if fd["n_diff"] is None:
+        return fd["reason"]
     n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
     return n if fd.get("max_ulp") is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
 

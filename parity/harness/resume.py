@@ -180,7 +180,7 @@ def compare_digests(uninterrupted: list, resumed: list, from_step: int) -> tuple
         else:
             what = f"sha256 {b[key][:12]} after the resume, {a[key][:12]} uninterrupted"
         divs.append({"step": step, "phase": phase, "rank": rank, "path": path, "n_diff": None, "numel": None,
-                     "max_ulp": None, "ulp_hist": None, "side": side, "against": "uninterrupted",
+                     "max_ulp": None, "ulp_hist": None, "side": side, "against": "uninterrupted", "reason": what,
                      "message": f"{path}: side {side} differs from the uninterrupted run ({what})"})
     return len(set(a) & set(b)), divs
 
@@ -199,9 +199,10 @@ def compare_checkpoints(saved: str, reloaded: str, step: int) -> tuple[int, list
             continue
         path = f"step {step}/load/{key}/rank -1"
         if key not in a or key not in b:
+            what = f"only in the {'saved' if key in a else 'reloaded'} checkpoint"
             divs.append({"step": step, "phase": "load", "rank": -1, "path": path, "n_diff": None,
-                         "numel": None, "max_ulp": None, "ulp_hist": None, "against": "saved",
-                         "message": f"{path}: only in the {'saved' if key in a else 'reloaded'} checkpoint"})
+                         "numel": None, "max_ulp": None, "ulp_hist": None, "against": "saved", "reason": what,
+                         "message": f"{path}: {what}"})
             continue
         compared += 1
         d = compare_tensors(a[key], b[key], path)

@@ -266,7 +266,7 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
             if k and k not in ("master", "owner"):
                 v = torch.zeros_like(m)
                 _need(saved, key, v)
-                tgt[key] = muon_state[(m, k)] = v
+                tgt[key] = muon_state[(p, k)] = v
 
     do = stack.distopt
     chunks = []
@@ -289,8 +289,11 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
         tgt[step_key] = adam_step
 
     def finish() -> dict:
-        for (m, k), v in muon_state.items():
-            lw.muon.state[m][k] = v
+        moved = {p for p, (r, saved_r) in owners.items() if int(saved_r) != r}
+        for (p, k), v in muon_state.items():
+            if p in moved and Fault.RESHARD_DROPS_MOVED_MOMENTUM in stack.cfg.faults:
+                continue  # restored only where the owner stayed: a new owner's Muon starts from zero
+            lw.muon.state[lw.masters[p]][k] = v
         for buf, b, lo, key, local in chunks:
             for pc in _bucket_pieces(stack, buf, b):
                 s = pc.lo - b.start - lo
@@ -301,8 +304,7 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
                 st = do.optimizer.state[pc.master]
                 st.setdefault(key, torch.zeros_like(pc.master)).copy_(src)
                 st["step"] = int(adam_step)
-        moved = sorted(stack.names[p] for p, (r, saved_r) in owners.items() if int(saved_r) != r)
-        return {"owners_moved": moved, "owned": len(owners)}
+        return {"owners_moved": sorted(stack.names[p] for p in moved), "owned": len(owners)}
 
     return tgt, finish
 

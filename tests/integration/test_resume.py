@@ -164,6 +164,24 @@ def test_resume_from_with_reshard_checks_the_loaded_state(single_rank, saved, tm
 
 
 @pytest.mark.slow
+def test_a_reshard_that_drops_moved_state_is_caught_and_named(single_rank, saved, tmp_path):
+    """The shared fault reshard-drops-moved-momentum (both sides; ON == OFF holds): the matrices
+    whose owner moved come back without momentum. The comparison of the loaded state with the
+    saved one names the first such tensor, and the summary says why it differs."""
+    out = tmp_path / "o"
+    r = cli_fork.run(["run", "--world", "2", "--ep", "1", "--steps", "4", "--resume-from", saved, "--reshard",
+                      "--inject", "reshard-drops-moved-momentum", "--out", out, "--quiet"], timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+    fd, res = e["first_divergence"], e["resume"]
+    assert (fd["step"], fd["phase"], fd["against"], fd["reason"]) == (2, "load", "saved", "only in the saved checkpoint")
+    assert fd["tensor"].endswith(".momentum_buffer") and e["failed_checks"] == []
+    # one momentum per moved Muon matrix, on each side
+    assert 0 < res["mismatches"] <= 2 * sum(res["owners_moved"].values())
+    assert "(only in the saved checkpoint)" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.ranks(4)
 def test_a_failed_save_overwrites_nothing(tmp_path):
     """The padding-only-shard fault makes DCP refuse the save: what was at the checkpoint path
