@@ -504,6 +504,9 @@ def cmd_run(args, argv) -> int:
                   out_dir=out if writer else None)
         entries.append(entry)
         _print_entry(entry, args.quiet)
+        for name in _not_fired(injections, entry):
+            print(f"  note: --inject {name}: its deviation never ran in this scenario, so nothing of it was "
+                  f"tested here", flush=True)
         if args.fail_fast and entry["status"] != "pass":
             break
     meta = {"version": _version(), "argv": ["parity"] + list(argv),
@@ -513,11 +516,27 @@ def cmd_run(args, argv) -> int:
             rep.write_reports(out, entries, meta, args.junit)
     except OSError as e:
         raise RuntimeFailure(f"cannot write the report to {out!r}: {e.strerror or e}") from None
+    ran = [e for e in entries if e["status"] != "error"]
+    vacuous = [name for name in dict.fromkeys(str(i) for i in injections if i.kind == "fault")
+               if ran and all(name in _not_fired(injections, e) for e in ran)]
+    if vacuous:  # a pass would read as "the checks missed it"; a fail here could not be the fault's
+        from parity.harness.errors import ConfigError
+        raise ConfigError(f"--inject {', '.join(vacuous)}: its deviation never ran in "
+                          f"{', '.join(e['name'] for e in ran)}, so nothing of it was tested; pick a scenario "
+                          f"that reaches it (parity selftest lists one per fault)")
     status = rep.overall_status(entries)
     print(f"[parity] {status}: {sum(e['status'] == 'pass' and e.get('golden') != 'fail' for e in entries)}"
           f"/{len(entries)} scenarios "
           f"passed; report: {os.path.join(out, 'report.json')}")
     return {"pass": EXIT_OK, "fail": EXIT_MISMATCH, "error": EXIT_RUNTIME}[status]
+
+
+def _not_fired(injections, entry) -> list[str]:
+    """The injected catalogued faults whose deviation never ran in this scenario's run, as the
+    ranks' stacks recorded it (parity.vocab.FaultSet); an errored run tells nothing."""
+    if entry["status"] == "error":
+        return []
+    return [str(i) for i in injections if i.kind == "fault" and str(i) not in entry.get("faults_fired", ())]
 
 
 def _print_entry(e, quiet):

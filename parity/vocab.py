@@ -85,3 +85,20 @@ class Fault(StrEnum):
     CHECKPOINT_DROPS_MOMENTUM = "checkpoint-drops-momentum"
     MASTER_LOSES_QKV_SPLIT = "master-loses-qkv-split"
     RESHARD_DROPS_MOVED_MOMENTUM = "reshard-drops-moved-momentum"
+
+
+FIRED: set[Fault] = set()
+"""The injected faults whose deviation this process has taken (see FaultSet)."""
+
+
+class FaultSet(frozenset):
+    """The faults a stack runs with. Stack code tests ``Fault.X in faults`` where it is about to
+    deviate (any other condition of the deviation tested first), so a test that finds its fault is
+    the deviation taken, and is recorded in FIRED: a run can then tell an injected fault whose code
+    path never ran from one that ran and went unseen."""
+
+    def __contains__(self, fault) -> bool:
+        hit = frozenset.__contains__(self, fault)
+        if hit:
+            FIRED.add(fault)
+        return hit

@@ -18,7 +18,7 @@ from parity.distributed.collectives import (
     sums_coalesced,
 )
 from parity.model import is_quantized_param
-from parity.vocab import Fault
+from parity.vocab import Fault, FaultSet
 
 # How a landed param gather was finished (each bucket group records one per gather).
 PRE_HOOK = "pre_hook"      # a forward pre-hook waited on it and copied it back
@@ -139,7 +139,7 @@ class BucketGroup:
         if check_agreement and len(kinds) > 1:
             raise AssertionError("Cannot merge buckets with differing effective "
                                  "use_distributed_optimizer into one bucket group")
-        self.buckets, self.faults = buckets, frozenset(faults)
+        self.buckets, self.faults = buckets, FaultSet(faults)
         # The collective of a group is decided by its head bucket; agreement makes that safe.
         self.use_distributed_optimizer = buckets[0].buffer.config.use_distributed_optimizer
         self.group = buckets[0].buffer.group

@@ -24,12 +24,12 @@ from parity.ddp.layout import (
     padded_layer_wise_layout,
 )
 from parity.model.fp8_linear import FP8Linear
-from parity.vocab import Fault
+from parity.vocab import Fault, FaultSet
 
 
 class DDP:
     def __init__(self, model, config: DDPConfig, *, dp_group, expt_dp_group, device, faults=frozenset()):
-        self.model, self.config, self.faults = model, config, frozenset(faults)
+        self.model, self.config, self.faults = model, config, FaultSet(faults)
         self.names = {p: n for n, p in model.named_parameters()}
         if Fault.WRAPPER_PREFIXED_NAMES in self.faults:  # as a wrapper module's named_parameters() gives them
             self.names = {p: f"module.{n}" for p, n in self.names.items()}
@@ -200,7 +200,7 @@ class DDP:
         nxt = g.next_param_gather_group
         if nxt is not None and not nxt.param_gather_dispatched:
             nxt.start_param_sync()
-        if Fault.WAIT_WRONG_HANDLE in self.faults and nxt is not None:
+        if nxt is not None and Fault.WAIT_WRONG_HANDLE in self.faults:
             g = nxt  # the copy-back reads the gather this hook just launched
         g.finish_param_sync(PRE_HOOK)
 

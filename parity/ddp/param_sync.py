@@ -91,7 +91,7 @@ def gather_lists(lists: list[list], group, my_rank: int, out_flat: torch.Tensor 
 def copy_back_all(lists, flat, sizes, fp8_staged: bool, my_rank: int, faults=frozenset()) -> None:
     written, off = [], 0
     for r, lst in enumerate(lists):
-        if Fault.RANK1_SKIPS_RANK0_SLOT in faults and (my_rank, r) == (1, 0):
+        if (my_rank, r) == (1, 0) and Fault.RANK1_SKIPS_RANK0_SLOT in faults:
             lst = []  # rank 0's params stay stale on rank 1
         written += copy_back(lst, flat[off:off + sizes[r]], fp8_staged, owned=(r == my_rank))
         off += sizes[r]

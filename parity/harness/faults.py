@@ -6,7 +6,8 @@ and harness-level injections.
   under test by one ULP (PARAM as reports name it; ``*``: the first Muon-managed matrix).
 - ``crash:RANK:STEP`` / ``hang:RANK:STEP``: that rank dies / stops answering at that step.
 - a catalogue name (see CATALOGUE): the stack under test runs with that fix reverted; a shared
-  fault (SHARED_FAULTS) goes into both stacks.
+  fault (SHARED_FAULTS) goes into both stacks. The stacks record which faults took their deviation
+  (parity.vocab.FaultSet); `parity run` refuses, after the run, a fault that took it nowhere.
 """
 
 from __future__ import annotations

@@ -69,6 +69,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
         "persistent_bytes": results[0]["persistent_bytes"] if results else {},
         "snapshots": [p for r in results for p in r.get("snapshots", [])],
         "hosts": {str(r["rank"]): r["host"] for r in results if r.get("host")},
+        # an injected fault missing here never ran its deviation: the run tested nothing of it
+        "faults_fired": sorted({f for r in results for f in r.get("faults_fired", ())}),
         "golden": "off",
         "elapsed_s": round(elapsed_s, 2),
         "timing": merge_timing(results, start_s, elapsed_s),

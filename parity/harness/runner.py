@@ -32,7 +32,7 @@ from parity.harness.snapshot import tensor_sha256
 from parity.harness.timing import PhaseClock, profile_file
 from parity.model import is_layer_wise_managed
 from parity.optim.stack import Stack
-from parity.vocab import STEP_PHASES, Phase, Side
+from parity.vocab import FIRED, STEP_PHASES, Phase, Side
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -119,6 +119,8 @@ class RankResult:
     """What saving the checkpoint did (the launch that saves)."""
     digests: dict = field(default_factory=dict)
     """step -> phase -> side -> {tensor: sha256}, from the resume step on (compared across launches)."""
+    faults_fired: list = field(default_factory=list)
+    """The injected catalogued faults whose deviation ran on this rank (parity.vocab.FaultSet)."""
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -192,6 +194,7 @@ class LockstepRunner:
         self.rank = dist.get_rank()
         self.groups = build_groups(scenario.ep)
         faults = [i.name for i in opts.injections if i.kind == "fault"]
+        FIRED.clear()  # what this run's stacks deviate, not an earlier run's in this process
         self.ulps = [i for i in opts.injections if i.kind == "ulp"]
         self.lifecycle = [i for i in opts.injections if i.kind in ("crash", "hang")]
         cfg_test, cfg_ref = scenario.stack_configs(faults=set(faults))
@@ -243,6 +246,7 @@ class LockstepRunner:
                                        "write_s": round(self.snapshots.write_seconds, 4)}
         self.result.timing = self.clock.to_dict()
         self.result.memory = _peak_memory(self.device)
+        self.result.faults_fired = sorted(map(str, FIRED))
         return self.result
 
     def _stacks(self) -> dict:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from parity.ddp.config import DDPConfig
 from parity.model.config import ModelConfig
 from parity.optim.schedule import DECAY_STYLES, lr_at
+from parity.vocab import FaultSet
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,11 @@ class StackConfig:
     """Under overlap: leave the next gather pending after the step and finish it with force_sync
     (instead of the forward pre-hook)."""
     faults: frozenset = frozenset()
+    """Catalogued faults this stack runs with (parity.harness.faults), held as a FaultSet, which
+    records the ones whose deviation runs."""
 
     def __post_init__(self):
+        object.__setattr__(self, "faults", FaultSet(self.faults))
         validate_stack(self)
 
 

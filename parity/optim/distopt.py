@@ -16,7 +16,7 @@ from parity.distributed.collectives import all_gather_into
 from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
 from parity.optim.adam import Adam
-from parity.vocab import Fault
+from parity.vocab import Fault, FaultSet
 
 
 class ShardPiece:
@@ -39,7 +39,7 @@ class ShardPiece:
 
 class DistributedOptimizer:
     def __init__(self, buffers, names: dict, adam_kwargs: dict, make_optimizer=None, faults=frozenset()):
-        self.faults = frozenset(faults)
+        self.faults = FaultSet(faults)
         self.buffers = [b for b in buffers if b.config.use_distributed_optimizer and not b.key.is_layer_wise]
         self.pieces: list[ShardPiece] = []
         for buf in self.buffers:

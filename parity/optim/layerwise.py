@@ -16,7 +16,7 @@ from parity.optim.mixed_precision import (
     make_master,
 )
 from parity.optim.muon import Muon
-from parity.vocab import Fault
+from parity.vocab import Fault, FaultSet
 
 
 def ping_pong(n: int, size: int) -> list[int]:
@@ -27,7 +27,7 @@ def ping_pong(n: int, size: int) -> list[int]:
 
 class LayerWiseOptimizer:
     def __init__(self, ddp, *, dp_group, expt_dp_group, muon_kwargs: dict, device, faults=frozenset()):
-        self.ddp, self.faults, self.device = ddp, frozenset(faults), device
+        self.ddp, self.faults, self.device = ddp, FaultSet(faults), device
         self.dp_group, self.expt_dp_group = dp_group, expt_dp_group
         self.dp, self.expt_dp = dist.get_world_size(dp_group), dist.get_world_size(expt_dp_group)
         self.dp_rank, self.expt_dp_rank = dist.get_rank(dp_group), dist.get_rank(expt_dp_group)
@@ -62,10 +62,9 @@ class LayerWiseOptimizer:
                 p.main_param = m
                 self.masters[p] = m
         # Non-owned params drop their high-precision init copy too; only owners consume it.
-        if Fault.KEEP_NONOWNED_INIT_COPY not in self.faults:
-            for p in params:
-                if id(p) not in owned_ids and is_quantized_param(p):
-                    p.clear_high_precision_init_val()
+        for p in params:
+            if id(p) not in owned_ids and is_quantized_param(p) and Fault.KEEP_NONOWNED_INIT_COPY not in self.faults:
+                p.clear_high_precision_init_val()
         masters = list(self.masters.values())
         self.muon = Muon(masters, **muon_kwargs) if masters else None
         if ddp.config.overlap_param_gather and not self.padded:
@@ -80,7 +79,7 @@ class LayerWiseOptimizer:
                     if any(p is q for q in params):
                         lists[buf.layout.shard_owner[p]].append(p)
             return lists
-        if Fault.NUMEL_ONLY_OWNERSHIP in self.faults:
+        if size > 1 and Fault.NUMEL_ONLY_OWNERSHIP in self.faults:
             # A stable sort on numel alone ties by local insertion order, which differs per rank.
             local = list(params)
             random.Random(dist.get_rank()).shuffle(local)

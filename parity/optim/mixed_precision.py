@@ -39,7 +39,7 @@ def copy_master_to_param(p, master, faults=frozenset()) -> None:
     if is_quantized_param(p):
         src = master if Fault.FP32_MASTER_DIRECT_TO_FP8 in faults else master.to(torch.bfloat16)
         _write_bytes_only(p.qt, src) if Fault.STALE_SCALE_INV in faults else p.qt.requantize_(src)
-        if Fault.FTZ_SUBNORMAL_SCALE_INV in faults and p.qt.recipe == "blockwise":
+        if p.qt.recipe == "blockwise" and Fault.FTZ_SUBNORMAL_SCALE_INV in faults:
             _flush_subnormals_(p.qt.rowwise_scale_inv)
         p.qt.post_all_gather_processing()
     else:

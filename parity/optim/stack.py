@@ -58,7 +58,7 @@ class Stack:
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
                          ep_group=groups.ep_group)
         ddp_cfg = cfg.ddp
-        if Fault.SPLIT_GRAD_BUFFERS in faults and cfg.fp8_param_gather:
+        if cfg.fp8_param_gather and Fault.SPLIT_GRAD_BUFFERS in faults:
             ddp_cfg = DDPConfig(**{**ddp_cfg.__dict__, "merge_layerwise_fp8_grads": False})
         self.ddp = DDP(self.model, ddp_cfg, dp_group=groups.dp_group,
                        expt_dp_group=groups.expt_dp_group, device=device, faults=faults)

@@ -108,6 +108,28 @@ def test_inject_one_ulp_is_localized(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_injected_fault_whose_code_never_runs_is_refused_after_the_run(tmp_path):
+    """A catalogued fault whose deviation no stack took tested nothing: exit 2 with one line,
+    not a pass (which reads as "the checks missed it"). Here a shared fault in rank 1's copy-back
+    at world 1, and the checkpoint fault in a run that saves none. In a set of scenarios, one where
+    it ran is enough; the others get a note."""
+    for fault in ("rank1-skips-rank0-slot", "checkpoint-drops-momentum"):
+        out = tmp_path / fault
+        r = parity("run", "quick-w1-moe", "--inject", fault, "--out", str(out), "--quiet")
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stderr.strip() == (f"parity: --inject {fault}: its deviation never ran in quick-w1-moe, so "
+                                    "nothing of it was tested; pick a scenario that reaches it (parity selftest "
+                                    "lists one per fault)")
+        (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+        assert e["status"] == "pass" and e["faults_fired"] == []
+    r = parity("run", "quick-w1-moe", "--inject", "fp32-master-direct-to-fp8", "--out", str(tmp_path / "f"),
+               "--quiet", "--golden", "off")
+    assert r.returncode == 1, r.stdout + r.stderr  # it ran, and the checks saw it
+    (e,) = json.loads((tmp_path / "f" / "report.json").read_text())["scenarios"]
+    assert e["faults_fired"] == ["fp32-master-direct-to-fp8"] and "never ran" not in r.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.ranks(2)
 def test_clean_run_passes_with_junit(tmp_path):
     out = tmp_path / "o"
