@@ -85,6 +85,7 @@ class Fault(StrEnum):
     CHECKPOINT_DROPS_MOMENTUM = "checkpoint-drops-momentum"
     MASTER_LOSES_QKV_SPLIT = "master-loses-qkv-split"
     RESHARD_DROPS_MOVED_MOMENTUM = "reshard-drops-moved-momentum"
+    MUON_NORMALIZE_WITHOUT_EPS = "muon-normalize-without-eps"
 
 
 FIRED: set[Fault] = set()

@@ -80,6 +80,9 @@ CATALOGUE = {
                                    "orthogonalizes q, k and v as one matrix while ON == OFF", 31),
     Fault.RESHARD_DROPS_MOVED_MOMENTUM: ("a resharded load restores Muon's momentum only where the owner "
                                          "stayed, on both sides: a new owner starts from zero", 32),
+    Fault.MUON_NORMALIZE_WITHOUT_EPS: ("Newton-Schulz normalizes by the Frobenius norm without eps, on both "
+                                       "sides: a never-routed expert's zero update becomes NaN while the "
+                                       "loss stays finite and ON == OFF", 33),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -87,10 +90,11 @@ CATALOGUE = {
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
-                 Fault.RESHARD_DROPS_MOVED_MOMENTUM}
+                 Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
-resharded load equals what was saved; the run equals its golden) can see them."""
+resharded load equals what was saved; training stays finite; the run equals its golden) can see
+them."""
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,8 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): ON == OFF holds; the state loaded at world 4 != the saved one
     "reshard-drops-moved-momentum": ("w2-to-w4-reshard", Expect("mismatch", phase="load", step=1,
                                                                 tensor="momentum_buffer")),
+    # in both stacks (a shared fault): the dead expert's zero update is 0/0; the loss stays finite
+    "muon-normalize-without-eps": ("w2-ep2-stress", Expect("check", check="finite", step=0)),
 }
 
 

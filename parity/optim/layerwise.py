@@ -66,6 +66,8 @@ class LayerWiseOptimizer:
             if id(p) not in owned_ids and is_quantized_param(p) and Fault.KEEP_NONOWNED_INIT_COPY not in self.faults:
                 p.clear_high_precision_init_val()
         masters = list(self.masters.values())
+        if Fault.MUON_NORMALIZE_WITHOUT_EPS in self.faults:  # X / ||X||: a zero update becomes 0/0
+            muon_kwargs = {**muon_kwargs, "eps": 0.0}
         self.muon = Muon(masters, **muon_kwargs) if masters else None
         if ddp.config.overlap_param_gather and not self.padded:
             self._set_bucket_lists()

@@ -96,11 +96,11 @@ def muon_scale_factor(rows: int, cols: int, mode: str = "spectral") -> float:
 
 
 def _scaled_newton_schulz(
-    u: torch.Tensor, steps: int, coefficient_type: str, scale_mode: str, extra_scale_factor: float
+    u: torch.Tensor, steps: int, coefficient_type: str, scale_mode: str, extra_scale_factor: float, eps: float
 ) -> torch.Tensor:
     # Two separate roundings, (O * scale) * extra, in the reference's order.
     scale = muon_scale_factor(u.size(0), u.size(1), scale_mode)
-    return newton_schulz(u, steps, coefficient_type) * scale * extra_scale_factor
+    return newton_schulz(u, steps, coefficient_type, eps) * scale * extra_scale_factor
 
 
 def orthogonalize(
@@ -111,6 +111,7 @@ def orthogonalize(
     scale_mode: str = "spectral",
     extra_scale_factor: float = 1.0,
     qkv_split_shapes: Sequence[int] | None = None,
+    eps: float = 1e-7,
 ) -> torch.Tensor:
     """Scaled Newton-Schulz of `update`; fused QKV weights are treated as separate matrices.
 
@@ -119,7 +120,7 @@ def orthogonalize(
     scaled on its own shape, then scattered back into the fused layout.
     """
     kw = dict(steps=steps, coefficient_type=coefficient_type, scale_mode=scale_mode,
-              extra_scale_factor=extra_scale_factor)
+              extra_scale_factor=extra_scale_factor, eps=eps)
     if qkv_split_shapes is None:
         return _scaled_newton_schulz(update, **kw)
 
@@ -166,11 +167,12 @@ class Muon(EagerOptimizer):
         extra_scale_factor: float = 1.0,
         fp32_matmul_prec: str = "medium",
         split_qkv: bool = True,
+        eps: float = 1e-7,
     ):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         steps=steps, coefficient_type=coefficient_type, scale_mode=scale_mode,
                         extra_scale_factor=extra_scale_factor, fp32_matmul_prec=fp32_matmul_prec,
-                        split_qkv=split_qkv)
+                        split_qkv=split_qkv, eps=eps)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -203,6 +205,6 @@ class Muon(EagerOptimizer):
                                       coefficient_type=group["coefficient_type"],
                                       scale_mode=group["scale_mode"],
                                       extra_scale_factor=group["extra_scale_factor"],
-                                      qkv_split_shapes=split)
+                                      qkv_split_shapes=split, eps=group["eps"])
                 p.add_(O, alpha=-lr)
         return loss
