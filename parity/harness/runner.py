@@ -430,10 +430,14 @@ class LockstepRunner:
         # expert's master), and both sides may share it, so no comparison sees it.
         if not (self.scan_nonfinite or phase == Phase.OPTIMIZER):
             return
-        for k, v in live.items():
+        floats = [(k, v) for k, v in live.items() if v.is_floating_point()]
+        if not floats:
+            return
+        finite = torch.stack([torch.isfinite(v).all() for _, v in floats]).tolist()  # one sync on a GPU
+        for (k, v), ok in zip(floats, finite):
             if len(self.result.nonfinite) >= 50:
                 return
-            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            if not ok:
                 self.result.nonfinite.append({"step": step, "phase": str(phase), "tensor": k,
                                               "side": "ON",  # report.py's name for the test side
                                               "nan": int(torch.isnan(v).sum()), "inf": int(torch.isinf(v).sum())})
