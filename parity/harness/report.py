@@ -105,7 +105,7 @@ def fmt_divergence(fd: dict) -> str:
     tensors have no ULP distance: only the count; a tensor that only one run holds, or runs compared
     by digest, have neither: the divergence's reason)."""
     if fd["n_diff"] is None:
-        return fd["reason"]
+        return fd.get("reason", "differs")
     n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
     return n if fd.get("max_ulp") is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
 
