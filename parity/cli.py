@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("selftest", help="inject every catalogued fault and show each is caught")
     s.add_argument("faults", nargs="*")
     s.add_argument("--out", default="out/selftest")
+    s.add_argument("--matrix", action="store_true",
+                   help="inject each fault into every scenario of --set instead: which scenarios catch it, which "
+                        "run it unseen, which never reach it (matrix.md / matrix.json in --out)")
+    s.add_argument("--set", default="quick", metavar="NAME", help="--matrix: the scenario set (default: quick)")
     p.subcommands = {"run": r, "golden": g, "diff": d, "triage": t, "selftest": s}
     return p
 

@@ -225,6 +225,60 @@ def run_selftest(faults=None, out=print, *, clean_runs: bool = True) -> list[dic
     return rows
 
 
+MARKS = {"caught": "X", "error": "E", "ran": "o", "never ran": ".", "caught, never ran": "X!"}
+"""A matrix cell: the run failed (X) or errored (E) with the fault; it passed although the fault's
+deviation ran (o: the checks did not see it there) or never ran (.: the scenario does not reach it;
+the stacks' record, parity.vocab.FaultSet). X! (failed, but the deviation never ran) would be a
+check failing for another reason than the fault."""
+
+
+def fault_matrix(scenarios, faults, out=print, *, timeout_s: float = 60.0) -> dict:
+    """Every fault in ``faults`` injected into every scenario (fail-fast, golden off): which
+    scenarios catch which fault, which run its deviation unseen, which never reach it. Each
+    scenario first runs clean; a scenario that does not pass clean gets no column of results."""
+    names = list(faults) if faults else list(CATALOGUE)
+    unknown = [n for n in names if n not in CATALOGUE]
+    if unknown:
+        from parity.harness.errors import UsageError
+        raise UsageError(f"selftest --matrix: unknown fault {unknown}; known: {', '.join(CATALOGUE)}")
+    opts = RunOptions(progress=False, snapshot="none", golden_digests=False, fail_fast=True)
+    clean = {}
+    for s in scenarios:
+        e, _ = run_scenario(s, opts, timeout_s=timeout_s)
+        clean[s.name] = e["status"]
+        out(f"[selftest] clean {s.name}: {e['status']}")
+    cells = []
+    for name in names:
+        for s in scenarios:
+            if clean[s.name] != "pass":
+                continue
+            inj = RunOptions(injections=(Injection("fault", name=name),), progress=False, snapshot="none",
+                             golden_digests=False, fail_fast=True)
+            e, _ = run_scenario(s, inj, timeout_s=timeout_s)
+            fired = name in e.get("faults_fired", ())
+            outcome = ("error" if e["status"] == "error" else
+                       ("caught" if fired else "caught, never ran") if e["status"] == "fail" else
+                       "ran" if fired else "never ran")
+            cells.append({"fault": name, "scenario": s.name, "outcome": outcome, "first_caught": first_caught(e),
+                          "observed": observe(e)})
+        row = "".join(MARKS[c["outcome"]] for c in cells if c["fault"] == name)
+        out(f"[selftest] {name}: {row}")
+    return {"scenarios": [s.name for s in scenarios], "clean": clean, "faults": names, "cells": cells}
+
+
+def matrix_table(m: dict) -> str:
+    by = {(c["fault"], c["scenario"]): MARKS[c["outcome"]] for c in m["cells"]}
+    cols = m["scenarios"]
+    lines = ["| fault | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for f in m["faults"]:
+        lines.append(f"| {f} | " + " | ".join(by.get((f, s), "-") for s in cols) + " |")
+    lines.append("")
+    lines.append("X caught (the run fails), E the run errors, o the fault's deviation ran and every check passed, "
+                 ". the scenario never reaches it, - the scenario does not pass clean (not run). Golden off: a "
+                 "fault only a golden sees shows o.")
+    return "\n".join(lines)
+
+
 def table(rows) -> str:
     lines = ["| fault | scenario | expected | observed | first caught (step / phase) | caught | by `quick` |",
              "|---|---|---|---|---|---|---|"]
@@ -240,6 +294,20 @@ def selftest_command(args) -> int:
     import os
 
     t0 = time.perf_counter()
+    if args.matrix:
+        from parity.harness.scenario import load_set
+
+        m = fault_matrix(load_set(args.set), args.faults or None)
+        md = matrix_table(m)
+        print(md)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "matrix.json"), "w") as f:
+            json.dump(m, f, indent=1)
+        with open(os.path.join(args.out, "matrix.md"), "w") as f:
+            f.write(md + "\n")
+        print(f"[selftest] matrix of {len(m['faults'])} faults x {len(m['scenarios'])} scenarios in "
+              f"{time.perf_counter() - t0:.0f} s: {args.out}/matrix.md")
+        return 0
     rows = run_selftest(args.faults or None)
     md = table(rows)
     print(md)

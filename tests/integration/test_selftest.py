@@ -38,3 +38,24 @@ def test_fault_is_caught(fault):
     (row,) = run_selftest([fault], out=lambda *_: None, clean_runs=False)
     assert row["clean_passes"] is None
     assert row["caught"], f"{fault}: expected {row['expected']}, observed {row['observed']}"
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(2)
+def test_the_fault_matrix_tells_caught_from_never_reached():
+    """`parity selftest --matrix`: rank 1's copy-back fault cannot run at world 1 (.) and is caught
+    at world 2 (X); Newton-Schulz without eps runs everywhere, and only a never-routed expert's zero
+    update turns it into a NaN the checks see (o without one, X with one)."""
+    from parity.harness.selftest import fault_matrix, matrix_table
+    from parity.harness.selftest import scenario as quick
+
+    m = fault_matrix([quick("w1-moe"), quick("w2-ep2-stress")],
+                     ["rank1-skips-rank0-slot", "muon-normalize-without-eps"], out=lambda *_: None)
+    assert m["clean"] == {"quick-w1-moe": "pass", "quick-w2-ep2-stress": "pass"}
+    assert [(c["fault"], c["scenario"], c["outcome"]) for c in m["cells"]] == [
+        ("rank1-skips-rank0-slot", "quick-w1-moe", "never ran"),
+        ("rank1-skips-rank0-slot", "quick-w2-ep2-stress", "caught"),
+        ("muon-normalize-without-eps", "quick-w1-moe", "ran"),
+        ("muon-normalize-without-eps", "quick-w2-ep2-stress", "caught")]
+    rows = matrix_table(m).splitlines()
+    assert rows[2] == "| rank1-skips-rank0-slot | . | X |" and rows[3] == "| muon-normalize-without-eps | o | X |"
