@@ -25,9 +25,10 @@ def is_fp8_staged(params, faults=frozenset()) -> bool:
     FP8 matrices next to bf16 ones, e.g. the router)."""
     if not params:
         return False
-    if Fault.MIXED_BUCKET_HEAD in faults:
-        return is_quantized_param(params[0])
-    return any(is_quantized_param(p) for p in params)
+    staged = any(is_quantized_param(p) for p in params)
+    if staged != is_quantized_param(params[0]) and Fault.MIXED_BUCKET_HEAD in faults:
+        return is_quantized_param(params[0])  # decided by the head alone
+    return staged
 
 
 def stage(params, out: torch.Tensor, fp8_staged: bool, faults=frozenset()) -> None:

@@ -179,7 +179,8 @@ def _nonfinite_check(events: list[dict]) -> dict:
 
 def _div_table(divs) -> list[dict]:
     keep = ("step", "phase", "rank", "path", "n_diff", "numel", "max_ulp", "ulp_hist")
-    return [{k: d.get(k) for k in keep} for d in sorted(
+    extra = ("against", "reason")  # divergences across launches: against what, and why without counts
+    return [{k: d.get(k) for k in keep} | {k: d[k] for k in extra if k in d} for d in sorted(
         divs, key=lambda d: (d["step"], PHASE_ORDER.get(d["phase"], 99), d["rank"], d["path"]))][:5000]
 
 

@@ -158,7 +158,7 @@ class FP8Linear(nn.Module):
         if is_quantized_param(self.weight) or self.is_first_microbatch is None:
             return self.fp8_weight()
         refresh = self.is_first_microbatch or self._fp8_cache is None
-        if self._fp8_cache is not None and Fault.FP8_CACHE_NOT_REFRESHED in self.faults:
+        if refresh and self._fp8_cache is not None and Fault.FP8_CACHE_NOT_REFRESHED in self.faults:
             refresh = False  # the cache survives the param update
         if refresh:
             self._fp8_cache = self.fp8_weight()

@@ -46,10 +46,10 @@ def counted_grads(layerwise, distopt, order: dict, faults=frozenset()) -> list[t
     LayerWise: the params this rank owns. DistOpt: this rank's reduced shard pieces.
     """
     lw = layerwise.owned
-    if Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED in faults:
+    if (layerwise.dp > 1 or layerwise.expt_dp > 1) and Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED in faults:
         lw = [p for lists in (layerwise.dense_lists, layerwise.expert_lists) for lst in lists for p in lst]
     out = [(order[p], is_expert_param(p), p.main_grad) for p in lw]
-    if Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD in faults:
+    if any(b.dp > 1 for b in distopt.buffers) and Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD in faults:
         out += [(order[p], is_expert_param(p), p.main_grad) for b in distopt.buffers for p in b.params]
     else:
         out += [(order[pc.param], is_expert_param(pc.param), pc.grad) for pc in distopt.pieces]

@@ -30,7 +30,7 @@ class ShardPiece:
             # ON's FP8 bytes dequantize to Q(init), not to the init OFF's master starts from.
             ps = buf.layout.index[param][0]
             hp = param.get_high_precision_init_val()
-            if Fault.MASTER_FROM_FP8_DEQUANT in faults or hp is None:
+            if hp is None or Fault.MASTER_FROM_FP8_DEQUANT in faults:
                 hp = param.qt.dequantize(torch.float32)
             self.master = hp.reshape(-1)[lo - ps:hi - ps].to(buf.grad_data.device, torch.float32, copy=True)
         else:

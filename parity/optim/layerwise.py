@@ -66,7 +66,7 @@ class LayerWiseOptimizer:
             if id(p) not in owned_ids and is_quantized_param(p) and Fault.KEEP_NONOWNED_INIT_COPY not in self.faults:
                 p.clear_high_precision_init_val()
         masters = list(self.masters.values())
-        if Fault.MUON_NORMALIZE_WITHOUT_EPS in self.faults:  # X / ||X||: a zero update becomes 0/0
+        if masters and Fault.MUON_NORMALIZE_WITHOUT_EPS in self.faults:  # X / ||X||: a zero update is 0/0
             muon_kwargs = {**muon_kwargs, "eps": 0.0}
         self.muon = Muon(masters, **muon_kwargs) if masters else None
         if ddp.config.overlap_param_gather and not self.padded:
@@ -137,7 +137,7 @@ class LayerWiseOptimizer:
                                        (self.expert_lists, self.expt_dp_group, self.expt_dp, self.expt_dp_rank)):
             if size == 1 or not any(lists):
                 continue
-            if Fault.FP32_VIA_BF16 in self.faults:
+            if any(is_native_fp32(p) for lst in lists for p in lst) and Fault.FP32_VIA_BF16 in self.faults:
                 staged, native = lists, [[] for _ in lists]
             else:
                 staged = [[p for p in lst if not is_native_fp32(p)] for lst in lists]
@@ -145,7 +145,7 @@ class LayerWiseOptimizer:
             for part, fp8 in ((staged, self.use_fp8_param_sync), (native, False)):
                 if not any(part):
                     continue
-                if Fault.RANK0_EMPTY_SLOT in self.faults:
+                if not part[0] and Fault.RANK0_EMPTY_SLOT in self.faults:
                     dtype = part[0][0].dtype  # the head of rank 0's list: IndexError when empty
                 else:
                     dtype = next(lst[0] for lst in part if lst).dtype

@@ -19,7 +19,7 @@ def make_master(p, device, faults=frozenset()) -> torch.Tensor:
     equals OFF's (clone of the same bf16 init) before any update."""
     if is_quantized_param(p):
         hp = p.get_high_precision_init_val()
-        if Fault.MASTER_FROM_FP8_DEQUANT in faults or hp is None:
+        if hp is None or Fault.MASTER_FROM_FP8_DEQUANT in faults:
             master = p.qt.dequantize(torch.float32).clone()
         else:
             master = hp.to(device=device, dtype=torch.float32, copy=True)
@@ -28,7 +28,7 @@ def make_master(p, device, faults=frozenset()) -> torch.Tensor:
         master = p.detach().to(torch.float32, copy=True)
     # Muon reads the fused QKV layout from the tensor it steps, which is this master, not p.
     split = getattr(p, "qkv_split_shapes", None)
-    master.qkv_split_shapes = None if Fault.MASTER_LOSES_QKV_SPLIT in faults else split
+    master.qkv_split_shapes = None if split is not None and Fault.MASTER_LOSES_QKV_SPLIT in faults else split
     return master
 
 

@@ -48,8 +48,12 @@ NS_COEFFICIENTS: dict[str, list[tuple[float, float, float]]] = {
 }
 
 
+NS_EPS = 1e-7
+"""The floor of the Frobenius norm Newton-Schulz divides by: a zero update stays zero, not 0/0."""
+
+
 def newton_schulz(
-    x: torch.Tensor, steps: int = 5, coefficient_type: str = "quintic", eps: float = 1e-7
+    x: torch.Tensor, steps: int = 5, coefficient_type: str = "quintic", eps: float = NS_EPS
 ) -> torch.Tensor:
     """Approximate the orthogonal polar factor of a 2-D fp32 matrix, returned in fp32.
 
@@ -111,7 +115,7 @@ def orthogonalize(
     scale_mode: str = "spectral",
     extra_scale_factor: float = 1.0,
     qkv_split_shapes: Sequence[int] | None = None,
-    eps: float = 1e-7,
+    eps: float = NS_EPS,
 ) -> torch.Tensor:
     """Scaled Newton-Schulz of `update`; fused QKV weights are treated as separate matrices.
 
@@ -167,7 +171,7 @@ class Muon(EagerOptimizer):
         extra_scale_factor: float = 1.0,
         fp32_matmul_prec: str = "medium",
         split_qkv: bool = True,
-        eps: float = 1e-7,
+        eps: float = NS_EPS,
     ):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         steps=steps, coefficient_type=coefficient_type, scale_mode=scale_mode,

@@ -58,7 +58,7 @@ class Stack:
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
                          ep_group=groups.ep_group)
         ddp_cfg = cfg.ddp
-        if cfg.fp8_param_gather and Fault.SPLIT_GRAD_BUFFERS in faults:
+        if cfg.fp8_param_gather and ddp_cfg.merge_layerwise_fp8_grads and Fault.SPLIT_GRAD_BUFFERS in faults:
             ddp_cfg = DDPConfig(**{**ddp_cfg.__dict__, "merge_layerwise_fp8_grads": False})
         self.ddp = DDP(self.model, ddp_cfg, dp_group=groups.dp_group,
                        expt_dp_group=groups.expt_dp_group, device=device, faults=faults)
@@ -261,9 +261,9 @@ class Stack:
 
     def _reported_as_quantized(self, p) -> bool:
         """Whether ``p`` is reported by its FP8 parts (not by its own data) at param_sync."""
-        if Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE in self.cfg.faults:
-            return hasattr(p, "dequantize")  # every torch tensor has it
-        return is_quantized_param(p)
+        # the fault probes `dequantize`, which every torch tensor has
+        return is_quantized_param(p) or (Fault.QUANTIZED_CLASSIFIER_ALWAYS_TRUE in self.cfg.faults
+                                         and hasattr(p, "dequantize"))
 
     def param_tensors(self) -> dict:
         out = {}

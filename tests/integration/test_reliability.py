@@ -566,6 +566,14 @@ def test_nan_payload_difference_is_a_bit_difference():
     assert not compare_tensors(a, neg, "sign").equal  # 0xFFC00000: the same NaN with its sign bit set
 
 
+def test_a_divergence_without_element_counts_reads_its_reason():
+    from parity.harness.report import fmt_divergence
+
+    assert fmt_divergence({"n_diff": None, "reason": "only in the saved checkpoint"}) == "only in the saved checkpoint"
+    assert fmt_divergence({"n_diff": None}) == "differs"
+    assert fmt_divergence({"n_diff": 1, "max_ulp": 1}) == "max 1 ULP, 1 element differs"
+
+
 def test_nonfinite_events_from_rank_results():
     from parity.harness.report import nonfinite_events
 

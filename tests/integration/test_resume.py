@@ -176,8 +176,8 @@ def test_a_reshard_that_drops_moved_state_is_caught_and_named(single_rank, saved
     fd, res = e["first_divergence"], e["resume"]
     assert (fd["step"], fd["phase"], fd["against"], fd["reason"]) == (2, "load", "saved", "only in the saved checkpoint")
     assert fd["tensor"].endswith(".momentum_buffer") and e["failed_checks"] == []
-    # one momentum per moved Muon matrix, on each side
-    assert 0 < res["mismatches"] <= 2 * sum(res["owners_moved"].values())
+    # one momentum per moved Muon matrix and side (owners_moved counts per side)
+    assert res["mismatches"] == sum(res["owners_moved"].values()) > 0
     assert "(only in the saved checkpoint)" in (out / "summary.md").read_text()
 
 
