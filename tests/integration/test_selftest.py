@@ -59,3 +59,16 @@ def test_the_fault_matrix_tells_caught_from_never_reached():
         ("muon-normalize-without-eps", "quick-w2-ep2-stress", "caught")]
     rows = matrix_table(m).splitlines()
     assert rows[2] == "| rank1-skips-rank0-slot | . | X |" and rows[3] == "| muon-normalize-without-eps | o | X |"
+
+
+@pytest.mark.parametrize("fired", [True, False])
+def test_a_case_counts_as_caught_only_where_its_fault_ran(monkeypatch, fired):
+    """The expected check failing is not enough: a run whose stacks never took the fault's
+    deviation failed for another reason (here a fabricated entry stands in for the run)."""
+    import parity.harness.selftest as selftest
+
+    entry = {"status": "fail", "first_divergence": None, "failed_checks": [{"check": "reported/optimizer", "step": 1}],
+             "faults_fired": ["optimizer-reported-once"] if fired else []}
+    monkeypatch.setattr(selftest, "run_scenario", lambda *a, **k: (entry, []))
+    (row,) = run_selftest(["optimizer-reported-once"], out=lambda *_: None, clean_runs=False)
+    assert (row["caught"], row["fired"]) == (fired, fired)
