@@ -71,9 +71,10 @@ def test_grad_stats_are_optimizer_phase_tensors(single_rank):
 
 # -- clipping ------------------------------------------------------------------------------------
 def _fake(owned, other, pieces):
-    lw = SimpleNamespace(owned=owned, dense_lists=[owned, other], expert_lists=[[]],
+    # two DP ranks' worth of LayerWise lists and a DistOpt buffer sharded over them
+    lw = SimpleNamespace(owned=owned, dense_lists=[owned, other], expert_lists=[[]], dp=2, expt_dp=1,
                          lw_buffers=[SimpleNamespace(params=owned + other)])
-    do = SimpleNamespace(pieces=pieces, buffers=[SimpleNamespace(params=[pc.param for pc in pieces])])
+    do = SimpleNamespace(pieces=pieces, buffers=[SimpleNamespace(params=[pc.param for pc in pieces], dp=2)])
     return lw, do
 
 
