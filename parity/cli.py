@@ -484,6 +484,7 @@ def cmd_run(args, argv) -> int:
     if args.golden != "off":  # an unusable golden stops us here, before anything runs
         from parity.harness.goldens_cli import prepare
         found = prepare(scenarios, args.goldens, allow_other_platform=args.allow_other_platform)
+    _note_golden_only(injections, scenarios, found)
     opts = RunOptions(injections=injections, snapshot=args.snapshot, out_dir=out,
                       fail_fast=args.fail_fast, golden_digests=args.golden != "off",
                       progress=not args.quiet, profile=args.profile)
@@ -533,6 +534,21 @@ def cmd_run(args, argv) -> int:
           f"/{len(entries)} scenarios "
           f"passed; report: {os.path.join(out, 'report.json')}")
     return {"pass": EXIT_OK, "fail": EXIT_MISMATCH, "error": EXIT_RUNTIME}[status]
+
+
+def _note_golden_only(injections, scenarios, found) -> None:
+    """A fault that only the golden check sees (its selftest case expects nothing else) tests
+    nothing where no golden of this platform is checked: say so before the run."""
+    from parity.harness.selftest import CASES
+
+    for inj in (i for i in injections if i.kind == "fault"):
+        expects = CASES[str(inj)][1]
+        if all(e.kind == "golden" for e in (expects if isinstance(expects, tuple) else (expects,))):
+            for s in scenarios:
+                if not (isinstance(found.get(s.name), tuple) and found[s.name][1] == "exact"):
+                    print(f"[parity] note: --inject {inj}: only a golden of this platform can see it, and "
+                          f"{s.name} is checked against none (--golden off, none found, or another "
+                          f"platform's, which compares the loss alone)", flush=True)
 
 
 def _not_fired(injections, entry) -> list[str]:

@@ -493,6 +493,12 @@ def test_run_checks_the_shipped_golden_by_default_and_a_shared_bug_fails_it(tmp_
         "step": 0, "phase": "optimizer", "tensor": "layers.0.attn.qkv.weight.master", "reason": "digest"}
     summary = (tmp_path / "bug" / "summary.md").read_text()
     assert "| fail: differs from default/" in summary and "step 0 / optimizer / layers.0.attn.qkv" in summary
+    # without the golden nothing sees it: the run passes, and says before it starts that it cannot tell
+    r = parity("run", "--steps", "1", "--quiet", "--golden", "off", "--out", tmp_path / "off", "--inject",
+               "master-loses-qkv-split")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("note: --inject master-loses-qkv-split: only a golden of this platform can see it, and "
+            "default[steps=1] is checked against none") in r.stdout
 
 
 @pytest.mark.slow
