@@ -98,7 +98,7 @@ class FaultSet(frozenset):
     the deviation taken, and is recorded in FIRED: a run can then tell an injected fault whose code
     path never ran from one that ran and went unseen. A deviation taken may still change no bit
     (Newton-Schulz without eps differs only on a zero update); a few faults decided when the stack is
-    built (bucket merging, routing, re-arming) count as taken whenever that stack is built."""
+    built (bucket merging, the uint8 grouping rule) count as taken whenever that stack is built."""
 
     def __contains__(self, fault) -> bool:
         hit = frozenset.__contains__(self, fault)

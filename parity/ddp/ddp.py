@@ -34,9 +34,10 @@ class DDP:
         if Fault.WRAPPER_PREFIXED_NAMES in self.faults:  # as a wrapper module's named_parameters() gives them
             self.names = {p: f"module.{n}" for p, n in self.names.items()}
         self.dp_group, self.expt_dp_group = dp_group, expt_dp_group
+        opted_out = any(getattr(p, "use_muon", True) is False for p in model.parameters())  # a 2-D Adam param
         groups = group_params_for_buffers(
             model.named_parameters(), merge_layerwise_fp8_grads=config.merge_layerwise_fp8_grads,
-            honor_use_muon=Fault.ROUTING_PREDICATE_MISMATCH not in self.faults)
+            honor_use_muon=not (opted_out and Fault.ROUTING_PREDICATE_MISMATCH in self.faults))
         self.buffers, self.expert_buffers = [], []
         for key, params in groups.items():
             group = expt_dp_group if key.is_expert else dp_group
