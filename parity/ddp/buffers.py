@@ -197,7 +197,8 @@ class BucketGroup:
         self.ready.clear()
         # Re-arm the deferred param gather: the next forward's pre-hooks gather the new values
         # (the fault leaves a dispatched group marked dispatched).
-        self.param_gather_dispatched = self.param_gather_dispatched and Fault.NO_REARM_IN_FINISH_GRAD_SYNC in self.faults
+        self.param_gather_dispatched = (self.param_gather_dispatched
+                                        and Fault.NO_REARM_IN_FINISH_GRAD_SYNC in self.faults)
 
     def register_grad_ready(self, p, overlap: bool):
         self.ready.add(id(p))
