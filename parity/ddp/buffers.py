@@ -304,45 +304,48 @@ def start_grad_syncs_coalesced(groups: list[BucketGroup]) -> None:
         sums_coalesced(ar, rs, pg)
 
 
-def partition_buckets(buffers: list[ParamAndGradBuffer], *, single_group: bool = False,
-                      check_agreement: bool = True, faults=frozenset()) -> list[BucketGroup]:
+def partition_buckets(buffers: list[ParamAndGradBuffer], *, faults=frozenset()) -> list[BucketGroup]:
     """Bucket groups (docs/spec/megatron.md s2.4). Without a ``uint8`` DistOpt buffer: one group
     per bucket. With one: each FP8 DistOpt bucket is a group and the other DistOpt buckets join
     the last of them; LayerWise buckets keep one group each, because a group runs one collective
-    type (s5 item 20). ``single_group`` merges all buckets (split by DistOpt semantics unless the
-    agreement check is disabled, which the merge fault does)."""
+    type (s5 item 20)."""
     buckets = [b for buf in buffers for b in buf.buckets if b.params]
-    if not single_group:
-        return _uint8_groups(buckets, faults)
-    if not check_agreement:
+    groups = _uint8_groups(buckets, _is_fp8_distopt, _is_distopt)
+    upstream = _uint8_groups(buckets, _is_uint8, lambda b: True)  # any uint8 bucket opens a group
+    if _ids(upstream) != _ids(groups) and Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE in faults:
+        groups = upstream
+    if len({_is_distopt(b) for b in buckets}) > 1 and Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS in faults:
         return [BucketGroup(buckets, check_agreement=False, faults=faults)]
-    groups = []
-    for kind in (False, True):
-        sel = [b for b in buckets if b.buffer.config.use_distributed_optimizer == kind]
-        if sel:
-            groups.append(BucketGroup(sel, faults=faults))
-    return groups
+    return [BucketGroup(g, faults=faults) for g in groups]
 
 
-def _uint8_groups(buckets: list[Bucket], faults) -> list[BucketGroup]:
-    def is_fp8(b):
-        return b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
+def _is_distopt(b: Bucket) -> bool:
+    return b.buffer.config.use_distributed_optimizer
 
-    def joins(b):  # may ride in an FP8 DistOpt bucket's group
-        return b.buffer.config.use_distributed_optimizer
 
-    if Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE in faults:
-        # upstream's rule: any uint8 bucket opens a group and every other bucket joins the last one
-        is_fp8 = lambda b: b.buffer.key.param_dtype == torch.uint8  # noqa: E731
-        joins = lambda b: True  # noqa: E731
+def _is_uint8(b: Bucket) -> bool:
+    return b.buffer.key.param_dtype == torch.uint8
+
+
+def _is_fp8_distopt(b: Bucket) -> bool:
+    return _is_uint8(b) and _is_distopt(b)
+
+
+def _ids(groups: list[list[Bucket]]) -> list[list[int]]:
+    return [[id(b) for b in g] for g in groups]
+
+
+def _uint8_groups(buckets: list[Bucket], is_fp8, joins) -> list[list[Bucket]]:
+    """Each ``is_fp8`` bucket is a group; the last of them carries every other bucket that
+    ``joins`` it; the rest stay alone."""
     fp8 = [b for b in buckets if is_fp8(b)]
     if not fp8:
-        return [BucketGroup([b], faults=faults) for b in buckets]
+        return [[b] for b in buckets]
     riders = [b for b in buckets if joins(b) and not is_fp8(b)]
     groups = []
     for b in buckets:
         if b is fp8[-1]:
-            groups.append(BucketGroup([b] + riders, faults=faults))
+            groups.append([b] + riders)
         elif is_fp8(b) or not joins(b):
-            groups.append(BucketGroup([b], faults=faults))
+            groups.append([b])
     return groups

@@ -50,13 +50,11 @@ class DDP:
                 lay, cfg = distopt_layout(params, config.bucket_size, dp), BufferConfig(True)
             buf = ParamAndGradBuffer(key, params, lay, cfg, group, device)
             (self.expert_buffers if key.is_expert else self.buffers).append(buf)
-        merge = Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS in self.faults
         self.bucket_groups, self.chains = [], []
         for bufs in (self.buffers, self.expert_buffers):
             if not bufs:
                 continue
-            chain = partition_buckets(bufs, single_group=merge, check_agreement=not merge,
-                                      faults=self.faults)
+            chain = partition_buckets(bufs, faults=self.faults)
             # Gathers run in forward order, the reverse of bucket (backprop) order: each group's
             # pre-hook launches the next group's gather. Dense and expert groups chain apart.
             for later, earlier in zip(chain[1:], chain[:-1]):

@@ -17,7 +17,7 @@ from parity.harness.scenario import make_scenario
 from parity.model import is_quantized_param
 from parity.optim.clip import counted_grads, grad_stats, held_grads
 from parity.optim.stack import Stack
-from parity.vocab import Fault
+from parity.vocab import FIRED, Fault
 
 OPTIM = dict(clip_grad=1.0, lr_decay_style="cosine", lr_warmup_steps=2, lr_min=1e-4)
 
@@ -150,6 +150,26 @@ def test_uint8_bucket_groups_keep_layerwise_buckets_apart(single_rank):
     assert all(len(x.buckets) == 1 for x in st.ddp.bucket_groups if x.is_layer_wise)
     with pytest.raises(AssertionError, match="differing effective use_distributed_optimizer"):
         stack(faults={Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE}, model={"fp8_head": True})
+
+
+def test_the_grouping_faults_record_their_deviation_only_where_the_grouping_changes(single_rank):
+    """They act when the stack is built: each is recorded as taken only where its rule gives
+    other groups than the correct one, so a run where it changes nothing cannot count as run."""
+    uint8, merge = Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE, Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS
+    FIRED.clear()
+    st = stack(faults={uint8})  # no FP8 DistOpt param: the two rules agree
+    assert uint8 not in FIRED and all(len(g.buckets) == 1 for g in st.ddp.bucket_groups)
+    with pytest.raises(AssertionError):
+        stack(faults={uint8}, model={"fp8_head": True})
+    assert uint8 in FIRED
+    FIRED.clear()
+    off = make_scenario({"name": "t", "world": 1}).stack_configs()[1]  # the padded layout is bf16-only
+    padded = dataclasses.replace(off, ddp=dataclasses.replace(off.ddp, layout="padded"), faults=frozenset({merge}))
+    st = Stack(padded, build_groups(1), torch.device("cpu"))
+    assert merge not in FIRED and len(st.ddp.bucket_groups) > 1  # one collective type: nothing to merge
+    st = stack(faults={merge})
+    assert merge in FIRED and len(st.ddp.bucket_groups) == len(st.ddp.chains)
+    FIRED.clear()
 
 
 def test_fp8_head_not_requantized_is_caught_at_param_sync(single_rank):
