@@ -107,7 +107,16 @@ def fmt_divergence(fd: dict) -> str:
     if fd["n_diff"] is None:
         return fd.get("reason", "differs")
     n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
-    return n if fd.get("max_ulp") is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
+    how = n if fd.get("max_ulp") is None else f"max {fmt_ulp(fd['max_ulp'])} ULP, {n}"
+    return how + _fmt_nonfinite(fd.get("nonfinite") or {})
+
+
+def _fmt_nonfinite(counts: dict) -> str:
+    """NaN/Inf counts of a differing tensor by side (``_a`` the reference, ``_b`` the side under
+    test, as compare_tensors takes them): which side went non-finite is the first thing to know."""
+    parts = [f"{word} {counts.get(key + '_b', 0)} under test / {counts.get(key + '_a', 0)} reference"
+             for key, word in (("nan", "NaN"), ("inf", "Inf")) if counts.get(key + "_a") or counts.get(key + "_b")]
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def fmt_ulp(v) -> str:

@@ -567,11 +567,15 @@ def test_nan_payload_difference_is_a_bit_difference():
 
 
 def test_a_divergence_without_element_counts_reads_its_reason():
+    from parity.harness.compare import ULP_NAN
     from parity.harness.report import fmt_divergence
 
     assert fmt_divergence({"n_diff": None, "reason": "only in the saved checkpoint"}) == "only in the saved checkpoint"
     assert fmt_divergence({"n_diff": None}) == "differs"
     assert fmt_divergence({"n_diff": 1, "max_ulp": 1}) == "max 1 ULP, 1 element differs"
+    # a NaN only one side holds: the line says which side
+    assert (fmt_divergence({"n_diff": 4, "max_ulp": ULP_NAN, "nonfinite": {"nan_a": 4}})
+            == "max NaN ULP, 4 elements differ; NaN 0 under test / 4 reference")
 
 
 def test_nonfinite_events_from_rank_results():
