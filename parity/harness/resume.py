@@ -179,10 +179,16 @@ def compare_digests(uninterrupted: list, resumed: list, from_step: int) -> tuple
             what = f"only in the {'uninterrupted' if key in a else 'resumed'} run"
         else:
             what = f"sha256 {b[key][:12]} after the resume, {a[key][:12]} uninterrupted"
-        divs.append({"step": step, "phase": phase, "rank": rank, "path": path, "n_diff": None, "numel": None,
-                     "max_ulp": None, "ulp_hist": None, "side": side, "against": "uninterrupted", "reason": what,
-                     "message": f"{path}: side {side} differs from the uninterrupted run ({what})"})
+        divs.append(_uncounted(step, phase, rank, path, "uninterrupted", what,
+                               f"{path}: side {side} differs from the uninterrupted run ({what})", side=side))
     return len(set(a) & set(b)), divs
+
+
+def _uncounted(step, phase, rank, path, against, reason, message, **extra) -> dict:
+    """A divergence without element counts (a digest comparison, or a tensor one side lacks): its
+    reason says how it differs."""
+    return {"step": step, "phase": phase, "rank": rank, "path": path, "n_diff": None, "numel": None,
+            "max_ulp": None, "ulp_hist": None, "against": against, "reason": reason, "message": message, **extra}
 
 
 def compare_checkpoints(saved: str, reloaded: str, step: int) -> tuple[int, list]:
@@ -200,9 +206,7 @@ def compare_checkpoints(saved: str, reloaded: str, step: int) -> tuple[int, list
         path = f"step {step}/load/{key}/rank -1"
         if key not in a or key not in b:
             what = f"only in the {'saved' if key in a else 'reloaded'} checkpoint"
-            divs.append({"step": step, "phase": "load", "rank": -1, "path": path, "n_diff": None,
-                         "numel": None, "max_ulp": None, "ulp_hist": None, "against": "saved", "reason": what,
-                         "message": f"{path}: {what}"})
+            divs.append(_uncounted(step, "load", -1, path, "saved", what, f"{path}: {what}"))
             continue
         compared += 1
         d = compare_tensors(a[key], b[key], path)
