@@ -95,6 +95,9 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see
 them."""
+GOLDEN_ONLY_FAULTS = {Fault.MASTER_LOSES_QKV_SPLIT}
+"""Shared faults that every in-run check passes: only a golden of this platform sees them (their
+selftest cases expect a golden difference and nothing else)."""
 
 
 @dataclass(frozen=True)

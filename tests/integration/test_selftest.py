@@ -8,7 +8,7 @@ another scenario runs for longer is run there, and its goldens are checked equal
 
 import pytest
 
-from parity.harness.faults import CATALOGUE
+from parity.harness.faults import CATALOGUE, GOLDEN_ONLY_FAULTS, SHARED_FAULTS
 from parity.harness.selftest import CASES, QUICK_SET, run_selftest
 
 from test_scenarios import COVERED, RUN, SCENARIOS, checked_steps, ranks  # (tests/integration is on sys.path)
@@ -21,6 +21,15 @@ CASE_SCENARIO = {fault: _SHIPPED.get(f"{QUICK_SET}-{key}") for fault, (key, _) i
 def test_every_catalogued_fault_has_a_case():
     assert set(CASES) == set(CATALOGUE)
     assert len(CATALOGUE) >= 16
+
+
+def test_the_golden_only_faults_are_the_shared_faults_whose_cases_expect_a_golden_difference_alone():
+    # `parity run` notes, from GOLDEN_ONLY_FAULTS, where an injected one tests nothing
+    def golden_alone(exp):
+        return all(e.kind == "golden" for e in (exp if isinstance(exp, tuple) else (exp,)))
+
+    assert GOLDEN_ONLY_FAULTS == {f for f, (_, exp) in CASES.items() if golden_alone(exp)}
+    assert GOLDEN_ONLY_FAULTS <= SHARED_FAULTS and GOLDEN_ONLY_FAULTS
 
 
 def test_every_case_scenario_runs_clean_and_whole_in_test_scenarios():
