@@ -98,6 +98,8 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): the dead expert's zero update is 0/0; the loss stays finite
     "muon-normalize-without-eps": ("w2-ep2-stress", Expect("check", check="finite", step=0)),
 }
+CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
+"""The cases as written above, each case's expectations as a tuple."""
 
 
 def scenario(key: str):
@@ -212,8 +214,7 @@ def run_selftest(faults=None, out=print, *, clean_runs: bool = True) -> list[dic
     names = _known(faults, CASES, "selftest: no case for")
     rows = []
     for name in names:
-        key, exp = CASES[name]
-        expects = exp if isinstance(exp, tuple) else (exp,)
+        key, expects = CASES[name]
         by_golden = any(e.kind == "golden" for e in expects)
         clean, clean_record = _clean(key, by_golden, out) if clean_runs or by_golden else (None, None)
         clean = clean if clean_runs else None

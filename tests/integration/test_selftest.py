@@ -25,10 +25,7 @@ def test_every_catalogued_fault_has_a_case():
 
 def test_the_golden_only_faults_are_the_shared_faults_whose_cases_expect_a_golden_difference_alone():
     # `parity run` notes, from GOLDEN_ONLY_FAULTS, where an injected one tests nothing
-    def golden_alone(exp):
-        return all(e.kind == "golden" for e in (exp if isinstance(exp, tuple) else (exp,)))
-
-    assert GOLDEN_ONLY_FAULTS == {f for f, (_, exp) in CASES.items() if golden_alone(exp)}
+    assert GOLDEN_ONLY_FAULTS == {f for f, (_, exp) in CASES.items() if all(e.kind == "golden" for e in exp)}
     assert GOLDEN_ONLY_FAULTS <= SHARED_FAULTS and GOLDEN_ONLY_FAULTS
 
 
