@@ -492,7 +492,7 @@ def cmd_run(args, argv) -> int:
     for s in scenarios:
         if not args.quiet:
             print(f"[parity] {s.name}: {s.pair} pair, {s.recipe}, world {s.world}, ep {s.ep}, "
-                  f"{'moe' if s.moe else 'dense'}, overlap {'on' if s.overlap else 'off'}, "
+                  f"{'moe' if s.moe else 'dense'}, overlap {_overlap_words(s)}, "
                   f"{s.layout} layout, {s.steps} step{'s' if s.steps != 1 else ''} on {s.device}", flush=True)
         if args.resume_from:
             from parity.harness.resume import run_from_checkpoint
@@ -549,6 +549,14 @@ def _note_golden_only(injections, scenarios, found) -> None:
                     print(f"[parity] note: --inject {inj}: only a golden of this platform can see it, and "
                           f"{s.name} is checked against none (--golden off, none found, or another "
                           f"platform's, which compares the loss alone)", flush=True)
+
+
+def _overlap_words(s) -> str:
+    """The overlap the pair's two sides run with (the overlap pair compares it on with off; the
+    force-sync pair runs it on, on both sides)."""
+    if s.pair == "overlap_param_gather":
+        return "on vs off"
+    return "on" if s.overlap or s.pair == "force_sync" else "off"
 
 
 def _not_fired(injections, entry) -> list[str]:

@@ -166,10 +166,11 @@ class Stack:
         ddp = self.ddp
         hooks_on = ddp.pre_hooks_enabled
         ddp.disable_forward_pre_hook(param_sync=True)
-        # The compact LayerWise buffers receive the gather in grad_data: empty once it landed.
+        # The compact LayerWise buffers receive the gather in grad_data: empty once it landed. At
+        # DP 1 nothing is gathered and the reduced grads stay until the next step zeroes them.
         # (None, not a vacuous True, where there are none: the padded layout gathers into param_data.)
-        compact = [b for buf in ddp.all_buffers()
-                   if buf.key.is_layer_wise and not buf.config.use_distributed_optimizer for b in buf.buckets]
+        compact = [b for buf in ddp.all_buffers() if buf.key.is_layer_wise
+                   and not buf.config.use_distributed_optimizer and buf.dp > 1 for b in buf.buckets]
         self.grad_buffer_clean = all(int(torch.count_nonzero(b.grad_data)) == 0 for b in compact) \
             if compact else None
         if self.window is not None:

@@ -108,8 +108,9 @@ def test_one_ulp_in_a_weight_before_use_is_caught_at_param_sync():
 def test_force_sync_payload_is_seen_only_by_the_post_condition():
     """The payload a force_sync leaves in grad_data is wiped by the next step's zeroing, so no
     comparison of two stacks' buffers or values can see it (zeros vs zeros): only the check of the
-    buffer right after the sync does."""
-    pair = dict(world=2, pair="force_sync")
+    buffer right after the sync does. Experts at EP 2 of world 2 have expert-DP 1: their buckets
+    gather nothing and keep their reduced grads (a clean run must pass there too)."""
+    pair = dict(world=2, pair="force_sync", moe=True, ep=2)
     clean, _ = run(pair)
     assert clean["status"] == "pass"
     entry, results = run(pair, Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED.value)
