@@ -96,12 +96,17 @@ class FaultSet(frozenset):
     """The faults a stack runs with. Stack code tests ``Fault.X in faults`` where it is about to
     deviate (any other condition of the deviation tested first), so a test that finds its fault is
     the deviation taken, and is recorded in FIRED: a run can then tell an injected fault whose code
-    path never ran from one that ran and went unseen. A deviation taken may still change no bit
-    (Newton-Schulz without eps differs only on a zero update); a few faults decided when the stack is
-    built (bucket merging, the uint8 grouping rule) count as taken whenever that stack is built."""
+    path never ran from one that ran and went unseen. Where telling whether the deviation changes
+    anything costs work a clean run should not do, the site asks :meth:`injected` first. One
+    deviation is recorded although it may change no bit: Newton-Schulz without eps, which differs
+    from the correct one only on a (near-)zero update, inside Muon's step."""
 
     def __contains__(self, fault) -> bool:
         hit = frozenset.__contains__(self, fault)
         if hit:
             FIRED.add(fault)
         return hit
+
+    def injected(self, fault) -> bool:
+        """Whether ``fault`` is injected, without recording it as taken."""
+        return frozenset.__contains__(self, fault)

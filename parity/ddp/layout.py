@@ -48,6 +48,18 @@ def group_params_for_buffers(named_params, *, merge_layerwise_fp8_grads: bool = 
     return groups
 
 
+def merge_rule_matters(named_params) -> bool:
+    """Whether the merge rule gives other buffers than keying FP8 LayerWise params by uint8: a
+    LayerWise class (dense or expert) holds FP8 and non-FP8 params both."""
+    named_params = list(named_params)
+
+    def members(merge: bool):
+        groups = group_params_for_buffers(named_params, merge_layerwise_fp8_grads=merge)
+        return sorted(tuple(id(p) for p in ps) for ps in groups.values())
+
+    return members(True) != members(False)
+
+
 @dataclass
 class Layout:
     """A buffer's layout: where each param's grad (and, for DistOpt buffers, its value) lives."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from parity.model import is_quantized_param
-from parity.vocab import Fault
+from parity.vocab import Fault, FaultSet
 
 
 def is_native_fp32(p) -> bool:
@@ -32,24 +32,40 @@ def make_master(p, device, faults=frozenset()) -> torch.Tensor:
     return master
 
 
-def copy_master_to_param(p, master, faults=frozenset()) -> None:
+def copy_master_to_param(p, master, faults=FaultSet()) -> None:
     """bf16 params get bf16(master) (round to nearest even); FP8 params get Q(bf16(master)),
     exactly what OFF's forward quantizes from its bf16 weight, subnormal scale_inv included
     (a tiny block's 2^-127, docs/spec/te.md s1.2)."""
     if is_quantized_param(p):
         src = master if Fault.FP32_MASTER_DIRECT_TO_FP8 in faults else master.to(torch.bfloat16)
-        _write_bytes_only(p.qt, src) if Fault.STALE_SCALE_INV in faults else p.qt.requantize_(src)
-        if p.qt.recipe == "blockwise" and Fault.FTZ_SUBNORMAL_SCALE_INV in faults:
-            _flush_subnormals_(p.qt.rowwise_scale_inv)
+        stale, ftz = Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV
+        if faults.injected(stale) and _scales_move(p.qt, src) and stale in faults:
+            _write_bytes_only(p.qt, src)
+        else:
+            p.qt.requantize_(src)
+        s = p.qt.rowwise_scale_inv
+        if p.qt.recipe == "blockwise" and faults.injected(ftz) and _subnormal(s).any() and ftz in faults:
+            s.masked_fill_(_subnormal(s), 0.0)  # as a flush-to-zero (fast-math) kernel does
         p.qt.post_all_gather_processing()
     else:
         p.data.copy_(master)
 
 
-def _flush_subnormals_(t: torch.Tensor) -> None:
-    """What a flush-to-zero (fast-math) kernel does to subnormal fp32 values (a fault, never the
-    stack's own path; docs/spec/te.md s1.7)."""
-    t.masked_fill_(t.abs() < torch.finfo(torch.float32).tiny, 0.0)
+def _subnormal(t: torch.Tensor) -> torch.Tensor:
+    """Where fp32 ``t`` holds a subnormal (docs/spec/te.md s1.7: what a flush-to-zero kernel
+    zeroes; the stack's own path keeps them)."""
+    return (t != 0) & (t.abs() < torch.finfo(torch.float32).tiny)
+
+
+def _scales_move(qt, src) -> bool:
+    """Whether quantizing ``src`` gives ``qt`` another scale_inv grid than the one it holds."""
+    fresh = qt.clone().requantize_(src)
+    grids = [(getattr(qt, k), getattr(fresh, k)) for k in ("rowwise_scale_inv", "columnwise_scale_inv")]
+    return any(a is not None and not torch.equal(_bits(a), _bits(b)) for a, b in grids)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t  # E8M0 scales are bytes already
 
 
 def _write_bytes_only(qt, src) -> None:

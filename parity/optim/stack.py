@@ -22,6 +22,7 @@ import torch
 from parity.ddp.buffers import FORCE_SYNC, PRE_HOOK
 from parity.ddp.config import DDPConfig
 from parity.ddp.ddp import DDP
+from parity.ddp.layout import merge_rule_matters
 from parity.model import GPT, is_quantized_param
 from parity.model.data import batch
 from parity.model.fp8_linear import FP8Linear
@@ -58,7 +59,8 @@ class Stack:
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
                          ep_group=groups.ep_group)
         ddp_cfg = cfg.ddp
-        if cfg.fp8_param_gather and ddp_cfg.merge_layerwise_fp8_grads and Fault.SPLIT_GRAD_BUFFERS in faults:
+        if cfg.fp8_param_gather and ddp_cfg.merge_layerwise_fp8_grads and \
+                merge_rule_matters(self.model.named_parameters()) and Fault.SPLIT_GRAD_BUFFERS in faults:
             ddp_cfg = DDPConfig(**{**ddp_cfg.__dict__, "merge_layerwise_fp8_grads": False})
         self.ddp = DDP(self.model, ddp_cfg, dp_group=groups.dp_group,
                        expt_dp_group=groups.expt_dp_group, device=device, faults=faults)

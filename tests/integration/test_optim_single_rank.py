@@ -152,7 +152,7 @@ def test_uint8_bucket_groups_keep_layerwise_buckets_apart(single_rank):
         stack(faults={Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE}, model={"fp8_head": True})
 
 
-def test_the_grouping_faults_record_their_deviation_only_where_the_grouping_changes(single_rank):
+def test_the_buffer_and_grouping_faults_record_their_deviation_only_where_the_groups_change(single_rank):
     """They act when the stack is built: each is recorded as taken only where its rule gives
     other groups than the correct one, so a run where it changes nothing cannot count as run."""
     uint8, merge = Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE, Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS
@@ -169,6 +169,14 @@ def test_the_grouping_faults_record_their_deviation_only_where_the_grouping_chan
     assert merge not in FIRED and len(st.ddp.bucket_groups) > 1  # one collective type: nothing to merge
     st = stack(faults={merge})
     assert merge in FIRED and len(st.ddp.bucket_groups) == len(st.ddp.chains)
+    FIRED.clear()
+    # The split of FP8 LayerWise grads changes the buffers only where FP8 and bf16 matrices share
+    # a LayerWise class (the MoE router next to FP8 linears); a dense model's are all FP8.
+    split = Fault.SPLIT_GRAD_BUFFERS
+    st = stack(faults={split})
+    assert split not in FIRED and not any(b.key.param_dtype == torch.uint8 for b in st.ddp.all_buffers())
+    st = stack(faults={split}, moe=True)
+    assert split in FIRED and any(b.key.param_dtype == torch.uint8 for b in st.ddp.all_buffers())
     FIRED.clear()
 
 
