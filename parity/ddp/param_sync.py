@@ -11,7 +11,47 @@ import torch
 from parity.distributed.collectives import all_gather_uneven_into
 from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
-from parity.vocab import Fault
+from parity.vocab import Fault, FaultSet
+
+
+def write_fp8(qt, src, faults=FaultSet()) -> None:
+    """Requantize a persisted FP8 param from high-precision ``src``: bytes and scale_inv grids
+    together, a tiny block's subnormal scale_inv kept (docs/spec/te.md s1.2). The one write of
+    every path that lands values in FP8 params: the master copy at DP 1, the LayerWise gather's
+    copy-back, the DistOpt copy-back."""
+    stale, ftz = Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV
+    if faults.injected(stale) and _scales_move(qt, src) and stale in faults:
+        _write_bytes_only(qt, src)
+    else:
+        qt.requantize_(src)
+    s = qt.rowwise_scale_inv
+    if qt.recipe == "blockwise" and faults.injected(ftz) and _subnormal(s).any() and ftz in faults:
+        s.masked_fill_(_subnormal(s), 0.0)  # as a flush-to-zero (fast-math) kernel does
+
+
+def _subnormal(t: torch.Tensor) -> torch.Tensor:
+    """Where fp32 ``t`` holds a subnormal (docs/spec/te.md s1.7: what a flush-to-zero kernel
+    zeroes; the stack's own path keeps them)."""
+    return (t != 0) & (t.abs() < torch.finfo(torch.float32).tiny)
+
+
+def _scales_move(qt, src) -> bool:
+    """Whether quantizing ``src`` gives ``qt`` another scale_inv grid than the one it holds."""
+    fresh = qt.clone().requantize_(src)
+    grids = [(getattr(qt, k), getattr(fresh, k)) for k in ("rowwise_scale_inv", "columnwise_scale_inv")]
+    return any(a is not None and not torch.equal(_bits(a), _bits(b)) for a, b in grids)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t  # E8M0 scales are bytes already
+
+
+def _write_bytes_only(qt, src) -> None:
+    """A write that forgets the scales (a fault): fresh FP8 bytes, the old scale_inv grid kept."""
+    fresh = qt.clone().requantize_(src)
+    qt.rowwise_data.copy_(fresh.rowwise_data)
+    if qt.recipe == "mxfp8":  # its columnwise bytes are quantized, not transposed (docs/spec/te.md s2.4)
+        qt.columnwise_data.copy_(fresh.columnwise_data)
 
 
 def transport_dtype(fp8_staged: bool, params) -> torch.dtype:
@@ -51,7 +91,7 @@ def stage(params, out: torch.Tensor, fp8_staged: bool, faults=frozenset()) -> No
         off += n
 
 
-def copy_back(params, flat: torch.Tensor, fp8_staged: bool, owned: bool) -> list:
+def copy_back(params, flat: torch.Tensor, fp8_staged: bool, owned: bool, faults=FaultSet()) -> list:
     """Read one rank's slot back into its params. fp8-staged: every slot (own included) is
     requantized, so every rank holds Q(bf16(master)); raw: only non-owned params are written
     (owned ones already hold bf16(master)). Returns the FP8 params written."""
@@ -62,7 +102,7 @@ def copy_back(params, flat: torch.Tensor, fp8_staged: bool, owned: bool) -> list
         off += n
         if fp8_staged:
             if is_quantized_param(p):
-                p.qt.requantize_(src)
+                write_fp8(p.qt, src, faults)
                 written.append(p)
             else:
                 p.data.copy_(src)
@@ -89,12 +129,12 @@ def gather_lists(lists: list[list], group, my_rank: int, out_flat: torch.Tensor 
     return out_flat, sizes, (handle if async_op else None)
 
 
-def copy_back_all(lists, flat, sizes, fp8_staged: bool, my_rank: int, faults=frozenset()) -> None:
+def copy_back_all(lists, flat, sizes, fp8_staged: bool, my_rank: int, faults=FaultSet()) -> None:
     written, off = [], 0
     for r, lst in enumerate(lists):
         if (my_rank, r) == (1, 0) and Fault.RANK1_SKIPS_RANK0_SLOT in faults:
             lst = []  # rank 0's params stay stale on rank 1
-        written += copy_back(lst, flat[off:off + sizes[r]], fp8_staged, owned=(r == my_rank))
+        written += copy_back(lst, flat[off:off + sizes[r]], fp8_staged, owned=(r == my_rank), faults=faults)
         off += sizes[r]
     for p in written:
         p.qt.post_all_gather_processing()

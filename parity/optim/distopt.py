@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from parity.distributed.collectives import all_gather_into
 from parity.distributed.determinism import empty
+from parity.ddp.param_sync import write_fp8
 from parity.model import is_quantized_param
 from parity.optim.adam import Adam
 from parity.vocab import Fault, FaultSet
@@ -101,7 +102,7 @@ class DistributedOptimizer:
             return  # the gathered values never reach the FP8 bytes
         for p in b.params:
             ps, pe, _ = buf.layout.index[p]
-            p.qt.requantize_(full[ps - b.start:pe - b.start].view(p.shape))
+            write_fp8(p.qt, full[ps - b.start:pe - b.start].view(p.shape), self.faults)
             p.qt.post_all_gather_processing()
 
     def state_tensors(self) -> dict:

@@ -101,17 +101,36 @@ def test_ftz_scale_inv_needs_a_tiny_block(single_rank):
 @pytest.mark.slow
 @pytest.mark.ranks(2)
 def test_fail_fast_stops_every_rank_when_one_diverges():
-    """Regression: the dead expert's tiny block lives on EP rank 1 only, so only rank 1 sees the
-    flushed scale_inv. fail_fast used to stop that rank alone; rank 0 then waited in the next
-    step's collectives until the timeout, and the run was reported as a hang."""
+    """Regression: a divergence only EP rank 1 sees (one ULP in a grad of expert 7, which rank 1
+    alone holds). fail_fast used to stop that rank alone; rank 0 then waited in the next step's
+    collectives until the timeout, and the run was reported as a hang."""
     from parity.harness.driver import run_scenario
+    from parity.harness.faults import parse_injection
     from parity.harness.scenario import load_all
 
     (s,) = [x for x in load_all() if x.name == "stress-blockwise-moe-w2-ep2"]
     s = make_scenario({**s.to_dict(), "steps": 3})
-    entry, _ = run_scenario(s, RunOptions(injections=(Injection("fault", name=Fault.FTZ_SUBNORMAL_SCALE_INV),),
-                                          fail_fast=True, progress=False, snapshot="none",
-                                          golden_digests=False), timeout_s=60)
+    inj = parse_injection("ulp:0:grad_reduce:layers.1.mlp.experts.7.fc2.weight")
+    entry, results = run_scenario(s, RunOptions(injections=(inj,), fail_fast=True, progress=False,
+                                                snapshot="none", golden_digests=False), timeout_s=60)
     assert entry["status"] == "fail", (entry.get("error"), entry.get("failure"))
+    assert {d["step"] for r in results for d in r["divergences"]} == {0}  # every rank stopped there
     fd = entry["first_divergence"]
-    assert fd["step"] == 0 and fd["phase"] == "param_sync" and "experts.7.fc2" in fd["tensor"], fd
+    assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"]) == (0, "grad_reduce", inj.param, 1), fd
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("fault", [Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV])
+def test_scale_faults_are_caught_on_the_gathered_write(fault):
+    """At DP 2 the FP8 params are written by the gather's copy-back, not by the master copy: the
+    same write (parity.ddp.param_sync.write_fp8), so the same faults, caught at step 0."""
+    from parity.harness.driver import run_scenario
+
+    s = make_scenario({"name": "t", "world": 2, "recipe": "blockwise", "steps": 2, "lr": 1e-2,
+                       "stress": ["zero_blocks", "pow2_edge", "tiny_values"]})
+    entry, _ = run_scenario(s, RunOptions(injections=(Injection("fault", name=fault),), progress=False,
+                                          golden_digests=False, snapshot="none"), timeout_s=60)
+    fd = entry["first_divergence"]
+    assert str(fault) in entry["faults_fired"], entry.get("error")
+    assert fd is not None and (fd["step"], fd["phase"]) == (0, "param_sync") and ".fp8." in fd["tensor"], fd
