@@ -86,6 +86,7 @@ class Fault(StrEnum):
     MASTER_LOSES_QKV_SPLIT = "master-loses-qkv-split"
     RESHARD_DROPS_MOVED_MOMENTUM = "reshard-drops-moved-momentum"
     MUON_NORMALIZE_WITHOUT_EPS = "muon-normalize-without-eps"
+    LAYERWISE_OVERLAP_FLAG_OFF = "layerwise-overlap-flag-off"
 
 
 FIRED: set[Fault] = set()

@@ -208,12 +208,11 @@ class BucketGroup:
     # -- param gather (overlap_param_gather) -----------------------------------------------
     @property
     def gathers_params(self) -> bool:
-        """Whether a param sync of this group moves data (dp > 1 and something to gather)."""
-        if self.dp == 1:
-            return False
-        if self.use_distributed_optimizer:
-            return True
-        return any(len(lst) > 0 for b in self.buckets if b.layerwise_lists for lst in b.layerwise_lists)
+        """Whether a param sync of this group moves data: at DP > 1 every one of its params has
+        one owner in the group, so a gather always carries some. Decided by the group alone, not
+        by the owner lists the LayerWise optimizer hands its buckets (a bug that hands none must
+        show as a gather missing: docs/spec/megatron.md s5 item 18)."""
+        return self.dp > 1
 
     def start_param_sync(self) -> None:
         """Launch this group's param gather asynchronously and mark it dispatched."""

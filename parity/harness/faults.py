@@ -83,6 +83,9 @@ CATALOGUE = {
     Fault.MUON_NORMALIZE_WITHOUT_EPS: ("Newton-Schulz normalizes by the Frobenius norm without eps, on both "
                                        "sides: a never-routed expert's zero update becomes NaN while the "
                                        "loss stays finite and ON == OFF", 33),
+    Fault.LAYERWISE_OVERLAP_FLAG_OFF: ("LayerWise reads overlap_param_gather off from its own config while "
+                                       "DDP overlaps: its buckets get no owner lists, and the pre-hooks "
+                                       "gather nothing", 18),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a

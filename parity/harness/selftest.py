@@ -97,6 +97,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
                                                                 tensor="momentum_buffer")),
     # in both stacks (a shared fault): the dead expert's zero update is 0/0; the loss stays finite
     "muon-normalize-without-eps": ("w2-ep2-stress", Expect("check", check="finite", step=0)),
+    # the comparison sees stale non-owned params too; the gather count says why
+    "layerwise-overlap-flag-off": ("w4-moe-overlap", (Expect("mismatch", phase="param_sync", step=0),
+                                                      Expect("check", check="param-gather-once", step=0))),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""
