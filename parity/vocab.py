@@ -87,6 +87,7 @@ class Fault(StrEnum):
     RESHARD_DROPS_MOVED_MOMENTUM = "reshard-drops-moved-momentum"
     MUON_NORMALIZE_WITHOUT_EPS = "muon-normalize-without-eps"
     LAYERWISE_OVERLAP_FLAG_OFF = "layerwise-overlap-flag-off"
+    MXFP8_COLUMNWISE_FROM_ROWWISE = "mxfp8-columnwise-from-rowwise"
 
 
 FIRED: set[Fault] = set()

@@ -86,6 +86,9 @@ CATALOGUE = {
     Fault.LAYERWISE_OVERLAP_FLAG_OFF: ("LayerWise reads overlap_param_gather off from its own config while "
                                        "DDP overlaps: its buckets get no owner lists, and the pre-hooks "
                                        "gather nothing", 18),
+    Fault.MXFP8_COLUMNWISE_FROM_ROWWISE: ("an MXFP8 param's columnwise bytes are copied from its rowwise bytes "
+                                          "instead of quantized along the columns: the backward GEMMs read "
+                                          "wrong FP8 values", 34),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a

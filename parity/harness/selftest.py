@@ -100,6 +100,8 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # the comparison sees stale non-owned params too; the gather count says why
     "layerwise-overlap-flag-off": ("w4-moe-overlap", (Expect("mismatch", phase="param_sync", step=0),
                                                       Expect("check", check="param-gather-once", step=0))),
+    "mxfp8-columnwise-from-rowwise": ("w2-mxfp8-stress", Expect("mismatch", phase="param_sync", step=0,
+                                                                tensor="columnwise_data")),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""
