@@ -43,8 +43,11 @@ _EARLY_PREFIXES = ("ATEN_", "MKL_", "OMP_", "KMP_", "GOMP_", "OPENBLAS_", "ONEDN
 a command that sets them differently from the server gets a fresh interpreter."""
 
 
-_HONOURED = {"PYTHONUNBUFFERED"}
-"""Early variables the forked child applies itself."""
+_HONOURED = {"PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR"}
+"""Early variables the forked child applies itself. TORCHINDUCTOR_CACHE_DIR is read only when
+inductor compiles, which parity never does; torch sets it in a test process whose test loads
+inductor (torch's own AdamW, the op profiler), and counted as early it sent every later command
+of that xdist worker to a fresh interpreter."""
 
 
 def _needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> bool:
