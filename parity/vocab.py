@@ -100,8 +100,8 @@ class FaultSet(frozenset):
     the deviation taken, and is recorded in FIRED: a run can then tell an injected fault whose code
     path never ran from one that ran and went unseen. Where telling whether the deviation changes
     anything costs work a clean run should not do, the site asks :meth:`injected` first. One
-    deviation is recorded although it may change no bit: Newton-Schulz without eps, which differs
-    from the correct one only on a (near-)zero update, inside Muon's step."""
+    deviation is recorded although it may change no bit: Newton-Schulz without eps (set when the
+    optimizer is built), which differs from the correct one only on a (near-)zero update."""
 
     def __contains__(self, fault) -> bool:
         hit = frozenset.__contains__(self, fault)

@@ -24,7 +24,9 @@ def write_fp8(qt, src, faults=FaultSet()) -> None:
         _write_bytes_only(qt, src)
     else:
         qt.requantize_(src)
-    if qt.recipe == "mxfp8" and qt.columnwise_data is not None and Fault.MXFP8_COLUMNWISE_FROM_ROWWISE in faults:
+    mx_col = Fault.MXFP8_COLUMNWISE_FROM_ROWWISE
+    if qt.recipe == "mxfp8" and qt.columnwise_data is not None and faults.injected(mx_col) \
+            and not torch.equal(qt.columnwise_data, qt.rowwise_data) and mx_col in faults:
         qt.columnwise_data.copy_(qt.rowwise_data)  # the same [M, K] layout, other blocks (docs/spec/te.md s2.4)
     s = qt.rowwise_scale_inv
     if qt.recipe == "blockwise" and faults.injected(ftz) and _subnormal(s).any() and ftz in faults:

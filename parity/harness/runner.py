@@ -494,7 +494,7 @@ class LockstepRunner:
         test = self.test
         if test.grad_buffer_clean is not None:
             self._check(step, "grad-buffer-clean", test.grad_buffer_clean,
-                        f"step {step}: LayerWise grad_data not zero after force_sync (gather payload left)")
+                        f"step {step}: LayerWise grad_data (DP > 1) not zero after force_sync (gather payload left)")
         self._gather_checks()
 
     def _gather_checks(self) -> None:

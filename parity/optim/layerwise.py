@@ -69,7 +69,9 @@ class LayerWiseOptimizer:
         if masters and Fault.MUON_NORMALIZE_WITHOUT_EPS in self.faults:  # X / ||X||: a zero update is 0/0
             muon_kwargs = {**muon_kwargs, "eps": 0.0}
         self.muon = Muon(masters, **muon_kwargs) if masters else None
-        if ddp.config.overlap_param_gather and not self.padded and Fault.LAYERWISE_OVERLAP_FLAG_OFF not in self.faults:
+        gathers = self.dp > 1 or self.expt_dp > 1  # at DP 1 the pre-hooks gather nothing anyway
+        if ddp.config.overlap_param_gather and not self.padded and \
+                not (gathers and Fault.LAYERWISE_OVERLAP_FLAG_OFF in self.faults):
             self._set_bucket_lists()
 
     # -- ownership -------------------------------------------------------------------------

@@ -59,8 +59,9 @@ class Stack:
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
                          ep_group=groups.ep_group)
         ddp_cfg = cfg.ddp
-        if cfg.fp8_param_gather and ddp_cfg.merge_layerwise_fp8_grads and \
-                merge_rule_matters(self.model.named_parameters()) and Fault.SPLIT_GRAD_BUFFERS in faults:
+        split = Fault.SPLIT_GRAD_BUFFERS
+        if cfg.fp8_param_gather and ddp_cfg.merge_layerwise_fp8_grads and faults.injected(split) and \
+                merge_rule_matters(self.model.named_parameters()) and split in faults:
             ddp_cfg = DDPConfig(**{**ddp_cfg.__dict__, "merge_layerwise_fp8_grads": False})
         self.ddp = DDP(self.model, ddp_cfg, dp_group=groups.dp_group,
                        expt_dp_group=groups.expt_dp_group, device=device, faults=faults)
@@ -78,7 +79,7 @@ class Stack:
         for m in self.fp8_linears.values():
             m.faults = faults
         self.overlap = self.ddp.config.overlap_param_gather
-        self.grad_buffer_clean = None  # after each forced sync: every LayerWise grad_data all zero?
+        self.grad_buffer_clean = None  # after each forced sync: LayerWise grad_data at DP > 1 all zero?
         # Under overlap, param_sync is captured when the next forward consumes the params.
         self.capture_at_consumption = self.overlap and Fault.SAMPLE_BEFORE_DEFERRED_GATHER not in faults
         self.window: GatherWindow | None = None

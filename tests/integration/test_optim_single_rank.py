@@ -178,6 +178,10 @@ def test_the_buffer_and_grouping_faults_record_their_deviation_only_where_the_gr
     st = stack(faults={split}, moe=True)
     assert split in FIRED and any(b.key.param_dtype == torch.uint8 for b in st.ddp.all_buffers())
     FIRED.clear()
+    # At DP 1 the pre-hooks gather nothing, with owner lists or without.
+    lw = Fault.LAYERWISE_OVERLAP_FLAG_OFF
+    stack(faults={lw}, overlap=True)
+    assert lw not in FIRED
 
 
 def test_fp8_head_not_requantized_is_caught_at_param_sync(single_rank):
