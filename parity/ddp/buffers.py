@@ -303,16 +303,18 @@ def start_grad_syncs_coalesced(groups: list[BucketGroup]) -> None:
         sums_coalesced(ar, rs, pg)
 
 
-def partition_buckets(buffers: list[ParamAndGradBuffer], *, faults=frozenset()) -> list[BucketGroup]:
+def partition_buckets(buffers: list[ParamAndGradBuffer], *, faults=FaultSet()) -> list[BucketGroup]:
     """Bucket groups (docs/spec/megatron.md s2.4). Without a ``uint8`` DistOpt buffer: one group
     per bucket. With one: each FP8 DistOpt bucket is a group and the other DistOpt buckets join
     the last of them; LayerWise buckets keep one group each, because a group runs one collective
     type (s5 item 20)."""
     buckets = [b for buf in buffers for b in buf.buckets if b.params]
     groups = _uint8_groups(buckets, _is_fp8_distopt, _is_distopt)
-    upstream = _uint8_groups(buckets, _is_uint8, lambda b: True)  # any uint8 bucket opens a group
-    if _ids(upstream) != _ids(groups) and Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE in faults:
-        groups = upstream
+    upstream_rule = Fault.UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE
+    if faults.injected(upstream_rule):
+        upstream = _uint8_groups(buckets, _is_uint8, lambda b: True)  # any uint8 bucket opens a group
+        if _ids(upstream) != _ids(groups) and upstream_rule in faults:
+            groups = upstream
     if len({_is_distopt(b) for b in buckets}) > 1 and Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS in faults:
         return [BucketGroup(buckets, check_agreement=False, faults=faults)]
     return [BucketGroup(g, faults=faults) for g in groups]

@@ -19,18 +19,19 @@ def write_fp8(qt, src, faults=FaultSet()) -> None:
     together, a tiny block's subnormal scale_inv kept (docs/spec/te.md s1.2). The one write of
     every path that lands values in FP8 params: the master copy at DP 1, the LayerWise gather's
     copy-back, the DistOpt copy-back."""
-    stale, ftz = Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV
-    if faults.injected(stale) and _scales_move(qt, src) and stale in faults:
-        _write_bytes_only(qt, src)
+    stale, ftz, mx_col = Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV, Fault.MXFP8_COLUMNWISE_FROM_ROWWISE
+    fresh = qt.clone().requantize_(src) if faults.injected(stale) else None
+    if fresh is not None and _scales_differ(qt, fresh) and stale in faults:
+        _copy_bytes_only(qt, fresh)
     else:
         qt.requantize_(src)
-    mx_col = Fault.MXFP8_COLUMNWISE_FROM_ROWWISE
     if qt.recipe == "mxfp8" and qt.columnwise_data is not None and faults.injected(mx_col) \
             and not torch.equal(qt.columnwise_data, qt.rowwise_data) and mx_col in faults:
         qt.columnwise_data.copy_(qt.rowwise_data)  # the same [M, K] layout, other blocks (docs/spec/te.md s2.4)
-    s = qt.rowwise_scale_inv
-    if qt.recipe == "blockwise" and faults.injected(ftz) and _subnormal(s).any() and ftz in faults:
-        s.masked_fill_(_subnormal(s), 0.0)  # as a flush-to-zero (fast-math) kernel does
+    if qt.recipe == "blockwise" and faults.injected(ftz):
+        tiny = _subnormal(qt.rowwise_scale_inv)
+        if tiny.any() and ftz in faults:
+            qt.rowwise_scale_inv.masked_fill_(tiny, 0.0)  # as a flush-to-zero (fast-math) kernel does
 
 
 def _subnormal(t: torch.Tensor) -> torch.Tensor:
@@ -39,9 +40,8 @@ def _subnormal(t: torch.Tensor) -> torch.Tensor:
     return (t != 0) & (t.abs() < torch.finfo(torch.float32).tiny)
 
 
-def _scales_move(qt, src) -> bool:
-    """Whether quantizing ``src`` gives ``qt`` another scale_inv grid than the one it holds."""
-    fresh = qt.clone().requantize_(src)
+def _scales_differ(qt, fresh) -> bool:
+    """Whether ``fresh`` (a requantization of ``qt``) has another scale_inv grid than ``qt`` holds."""
     grids = [(getattr(qt, k), getattr(fresh, k)) for k in ("rowwise_scale_inv", "columnwise_scale_inv")]
     return any(a is not None and not torch.equal(_bits(a), _bits(b)) for a, b in grids)
 
@@ -50,9 +50,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32) if t.dtype == torch.float32 else t  # E8M0 scales are bytes already
 
 
-def _write_bytes_only(qt, src) -> None:
-    """A write that forgets the scales (a fault): fresh FP8 bytes, the old scale_inv grid kept."""
-    fresh = qt.clone().requantize_(src)
+def _copy_bytes_only(qt, fresh) -> None:
+    """A write that forgets the scales (a fault): ``fresh``'s FP8 bytes, the old scale_inv grid kept."""
     qt.rowwise_data.copy_(fresh.rowwise_data)
     if qt.recipe == "mxfp8":  # its columnwise bytes are quantized, not transposed (docs/spec/te.md s2.4)
         qt.columnwise_data.copy_(fresh.columnwise_data)

@@ -379,18 +379,18 @@ class LockstepRunner:
         m = _EXPERT_INDEX.search(name)
         if m is None or not self.scenario.moe:
             return False
-        n, ep = self.scenario.model_config().num_experts, self.groups.ep
-        return int(m.group(1)) < n and int(m.group(1)) // (n // ep) != self.groups.ep_rank
+        held = {int(h.group(1)) for n in self.test.names.values() if (h := _EXPERT_INDEX.search(n))}
+        return int(m.group(1)) < self.scenario.model_config().num_experts and int(m.group(1)) not in held
 
     def _complete_phase(self, step, phase) -> None:
         """Both sides reported all of this phase: whole-set checks, hashes, golden records."""
         st = self.states[step]
         cur, ref = st.test[phase].tensors, st.ref[phase].tensors
         for inj in self.ulps:
-            if inj.step == step and inj.phase == phase and str(inj) not in st.record.get("ulp_applied", []) \
-                    and not self._another_ranks_expert(_resolve_param(inj.param, self.star, phase, cur)):
-                raise KeyError(f"--inject: no tensor {_resolve_param(inj.param, self.star, phase, cur)!r} "
-                               f"in phase {phase}")
+            if inj.step == step and inj.phase == phase and str(inj) not in st.record.get("ulp_applied", []):
+                name = _resolve_param(inj.param, self.star, phase, cur)
+                if not self._another_ranks_expert(name):
+                    raise KeyError(f"--inject: no tensor {name!r} in phase {phase}")
         self._check(step, f"nonempty/{phase}", len(st.compared.get(phase, ())) > 0,
                     f"step {step}/{phase}/rank {self.rank}: nothing to compare (empty key set)")
         one_sided = set(cur) - set(ref)

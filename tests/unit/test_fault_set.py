@@ -3,9 +3,8 @@ run tell an injected fault that never ran from one the checks did not see."""
 
 import pickle
 
-import torch
-
 import pytest
+import torch
 
 from parity.model.config import ModelConfig
 from parity.optim.config import StackConfig
@@ -58,7 +57,7 @@ def test_a_master_write_records_a_scale_fault_only_where_it_changes_the_scales(f
     p = _fp8_param(w)
     copy_master_to_param(p, w * 1.5, faults)  # same power-of-two scale, no tiny block
     assert fired == set()
-    edge = w * 2.0  # the scale moves by a power of two (stale); a tiny block (ftz)
-    edge[:, :] = 1e-37 if fault == Fault.FTZ_SUBNORMAL_SCALE_INV else 2.0
+    # the scale moves by a power of two (stale); a tiny block (ftz)
+    edge = torch.full_like(w, 1e-37 if fault == Fault.FTZ_SUBNORMAL_SCALE_INV else 2.0)
     copy_master_to_param(p, edge, faults)
     assert fired == {fault}
