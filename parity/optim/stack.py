@@ -5,11 +5,13 @@ The harness drives two of these in lockstep. The stack reports each phase with
 that phase (so an injected fault propagates like a real bug; the caller clones what it keeps).
 A phase may come in parts (``complete=False``) and is closed by a call with ``complete=True``.
 
-When params are captured (`param_sync`): without overlap, right after the eager gathers of the
-step. With overlap_param_gather the only gather between step N's optimizer and step N+1's forward
-is the one the forward pre-hooks do, so param_sync of step N is captured as step N+1's first
-microbatch consumes the params: per module, after its pre-hooks ran and before its weights are
-used; after the last step, ``flush`` runs one more forward for that.
+When params are captured (`param_sync`): param_sync of step N is what step N+1's first microbatch
+consumes, captured per module as its forward is about to use it (after its pre-hooks ran, and for
+an FP8 weight the very FP8 tensor the forward quantized or took from its cache). With
+overlap_param_gather this is the only place the params are current: the one gather between two
+optimizer steps is the one the forward pre-hooks do. Without overlap the eager gathers made them
+current already, but only the forward knows which FP8 bytes a bf16 weight is used as. After the
+last step, ``flush`` runs one more forward for that.
 """
 
 from __future__ import annotations
@@ -80,15 +82,17 @@ class Stack:
             m.faults = faults
         self.overlap = self.ddp.config.overlap_param_gather
         self.grad_buffer_clean = None  # after each forced sync: LayerWise grad_data at DP > 1 all zero?
-        # Under overlap, param_sync is captured when the next forward consumes the params.
-        self.capture_at_consumption = self.overlap and Fault.SAMPLE_BEFORE_DEFERRED_GATHER not in faults
-        self.window: GatherWindow | None = None
+        # param_sync is captured when the next forward consumes the params
+        self.capture_at_consumption = not (self.overlap and Fault.SAMPLE_BEFORE_DEFERRED_GATHER in faults)
+        self.window: GatherWindow | None = None  # under overlap: the gathers since the last step
         self.closed_windows: list[GatherWindow] = []
+        self.pending_sync: int | None = None  # the step whose param_sync the next forward captures
         self._capture = None  # (on_phase, step) while a forward captures param_sync of `step`
         if self.overlap:
             # The training loop keeps the pre-hooks off for the first iteration (the params
             # from init or a checkpoint are already in place) and turns them on after it.
             self.ddp.disable_forward_pre_hook(param_sync=False)
+        if self.capture_at_consumption:
             self._install_param_capture()
 
     # -- one step ----------------------------------------------------------------------------
@@ -133,16 +137,17 @@ class Stack:
         else:
             self.layerwise.sync()
             self.distopt.gather()
-        if not self.capture_at_consumption:
+        if self.capture_at_consumption:
+            self.pending_sync = step
+        else:
             on_phase(step, Phase.PARAM_SYNC, self.param_tensors())
 
     def flush(self, on_phase) -> None:
-        """After the last step: under overlap, one more forward (no backward) consumes the
-        params, which captures the last step's param_sync and closes its gather window."""
-        if self.window is None:
-            return
-        with torch.no_grad():
-            self._forward(self.window.step + 1, 0, on_phase)
+        """After the last step: one more forward (no backward) consumes the params, which
+        captures the last step's param_sync and (under overlap) closes its gather window."""
+        if self.pending_sync is not None:
+            with torch.no_grad():
+                self._forward(self.pending_sync + 1, 0, on_phase)
         self._close_gather_window()
 
     def _forward(self, step: int, mb: int, on_phase):
@@ -151,14 +156,14 @@ class Stack:
                                cfg.model.seq_len, cfg.model.vocab_size, self.device, microbatch=mb)
         for m in self.fp8_linears.values():
             m.is_first_microbatch = mb == 0
-        capture = mb == 0 and self.window is not None and self.capture_at_consumption
-        self._capture = (on_phase, self.window.step) if capture else None
+        capture, self.pending_sync = self.pending_sync, None  # set by the last step: this is mb 0
+        self._capture = None if capture is None else (on_phase, capture)
         try:
             out = self.model(tokens, labels)
         finally:
             self._capture = None
-        if capture:
-            on_phase(self.window.step, Phase.PARAM_SYNC, {})
+        if capture is not None:
+            on_phase(capture, Phase.PARAM_SYNC, {})
         return out
 
     def force_param_sync(self) -> None:
@@ -270,6 +275,8 @@ class Stack:
                                          and hasattr(p, "dequantize"))
 
     def param_tensors(self) -> dict:
+        """The params right after step(), before any forward: read there only by the
+        sample-before-deferred-gather fault (an FP8 weight of a bf16 param quantized here)."""
         out = {}
         for p in self.params:
             name = self.names[p]

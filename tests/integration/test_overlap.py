@@ -154,6 +154,40 @@ def test_stale_fp8_cache_is_caught_on_the_side_that_has_it():
     assert (fd["step"], fd["phase"]) == (0, "param_sync") and ".fp8." in fd["tensor"]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_param_sync_holds_the_fp8_bytes_the_next_forward_used(single_rank, overlap):
+    # A bf16 stack whose first-microbatch FP8 cache goes stale: param_sync of step 0 must be the
+    # bytes step 1's forward quantized (here: kept) and used, not what the weight quantizes to now.
+    # Without overlap too; a capture that quantized the weight itself would see fresh bytes.
+    import dataclasses
+
+    import torch
+
+    from parity.distributed.groups import build_groups
+    from parity.optim.stack import Stack
+
+    s = make_scenario({"name": "t", "world": 1, "overlap": overlap, "microbatches": 2, "steps": 2})
+    off = s.stack_configs()[1]
+    cfg = dataclasses.replace(off, faults=frozenset({Fault.FP8_CACHE_NOT_REFRESHED}))
+    stack = Stack(cfg, build_groups(1), torch.device("cpu"))
+    seen = {}
+
+    def keep(step, phase, tensors, complete=True):
+        if phase == "param_sync":
+            seen.update({(step, k): v.clone() for k, v in tensors.items()})
+
+    stack.step(0, keep)
+    assert not seen  # nothing is captured before a forward consumes the params
+    m = next(iter(stack.fp8_linears.values()))
+    fresh = m.fp8_weight().rowwise_data.view(torch.uint8).clone()  # the weight after step 0, quantized
+    stack.step(1, keep)
+    used = seen[(0, f"{stack.names[m.weight]}.fp8.rowwise_data")].view(torch.uint8)
+    assert used.equal(m._fp8_cache.rowwise_data.view(torch.uint8))  # the stale cache the forward used
+    assert not used.equal(fresh)
+    stack.flush(keep)  # the last step's params: one more forward consumes them
+    assert any(step == 1 for step, _ in seen)
+
+
 def _noop(*args, **kwargs):
     pass
 
