@@ -203,6 +203,8 @@ class LockstepRunner:
         self.test = Stack(cfg_test, self.groups, self.device)
         self.ref = Stack(cfg_ref, self.groups, self.device)
         build_s = time.perf_counter() - t0
+        self.flushing = False
+        self.test.timer, self.ref.timer = self._timer(Side.TEST), self._timer(Side.REF)
         self.expect_drop = cfg_test.fp8_param_gather and not cfg_ref.fp8_param_gather
         # grads reduced while backward runs (either side) leave no pre-reduce capture to compare
         overlapped = self.test.ddp.config.overlap_grad_reduce or self.ref.ddp.config.overlap_grad_reduce
@@ -288,12 +290,22 @@ class LockstepRunner:
         self.clock.harness_done(step, "checks")
 
     def _flush(self) -> None:
-        """Both stacks report what is still open (under overlap: the last step's params)."""
+        """Both stacks report what is still open (the last step's params)."""
+        self.flushing = True
         self.ref.flush(self._on_ref)
         self.test.flush(self._on_test)
+        self.flushing = False
         self._gather_checks()
         self._close_ready_steps(final=True)
         self.clock.harness_done(self.scenario.steps - 1, "checks")
+
+    def _timer(self, side: Side):
+        def mark(step, phase):
+            if self.flushing and phase == Phase.FORWARD:  # a forward only the capture needs
+                self.clock.harness_done(step - 1, "flush")
+            else:
+                self.clock.stack_reached(step, side.value, str(phase))
+        return mark
 
     # -- phase reports ---------------------------------------------------------------------
     def _state(self, step: int) -> _StepState:

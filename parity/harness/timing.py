@@ -2,8 +2,10 @@
 
 A stack reports each phase when it has done it, so the wall time from the previous report (or
 from the start of the step) to this one is the stack's work for that phase: forward, backward
-(``grad_local``), reduce (``grad_reduce``), optimizer, gather (``param_sync``; under overlap the
-gather runs inside the next forward, where it is reported). The time spent inside a report is the
+(``grad_local``), reduce (``grad_reduce``), optimizer, gather (``param_sync``). Params are reported
+inside the next forward, which consumes them; there the stack also marks where each module's
+pre-hooks begin, so the pre-hooks (the overlapped gather) count as gather and the rest as forward
+(``Stack.timer``). The time spent inside a report is the
 harness's: capture and compare, plus the golden digests and snapshot hand-off it does there. On
 CUDA the clock synchronizes the device at every mark, so queued kernels are charged to the phase
 that launched them (the harness synchronizes there anyway: a comparison reads its result).
@@ -22,10 +24,11 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-HARNESS_PARTS = ("capture_compare", "golden", "snapshot", "checks", "checkpoint")
+HARNESS_PARTS = ("capture_compare", "golden", "snapshot", "checks", "checkpoint", "flush")
 """Harness work: copy and bit-compare of the reported tensors; golden digests; snapshot copies
 and hand-off to the writer; step closing (replica hashes across ranks, gather checks); saving a
-checkpoint (with the param sync training does before a save)."""
+checkpoint (with the param sync training does before a save); the forward after the last step
+that consumes its params (the gather its pre-hooks do stays gather)."""
 
 
 class PhaseClock:

@@ -20,6 +20,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from parity.ddp.buffers import FORCE_SYNC, PRE_HOOK
 from parity.ddp.config import DDPConfig
@@ -87,7 +88,12 @@ class Stack:
         self.window: GatherWindow | None = None  # under overlap: the gathers since the last step
         self.closed_windows: list[GatherWindow] = []
         self.pending_sync: int | None = None  # the step whose param_sync the next forward captures
-        self._capture = None  # (on_phase, step) while a forward captures param_sync of `step`
+        self._capture = None  # (on_phase, sync step, forward step) while a forward captures param_sync
+        self._capturing_modules = set()
+        self.timer = None
+        """Set by the harness: called as ``timer(step, phase)`` where the stack's work for ``phase``
+        of ``step`` ends between two reports (the eager gathers; inside a capturing forward, around
+        each module's pre-hooks), so the time is charged to the phase that spent it."""
         if self.overlap:
             # The training loop keeps the pre-hooks off for the first iteration (the params
             # from init or a checkpoint are already in place) and turns them on after it.
@@ -137,6 +143,7 @@ class Stack:
         else:
             self.layerwise.sync()
             self.distopt.gather()
+        self._mark(step, Phase.PARAM_SYNC)
         if self.capture_at_consumption:
             self.pending_sync = step
         else:
@@ -157,14 +164,28 @@ class Stack:
         for m in self.fp8_linears.values():
             m.is_first_microbatch = mb == 0
         capture, self.pending_sync = self.pending_sync, None  # set by the last step: this is mb 0
-        self._capture = None if capture is None else (on_phase, capture)
+        if capture is None:
+            return self.model(tokens, labels)
+        self._capture = (on_phase, capture, step)
+        # Global pre-hooks run before a module's own, so this marks where its DDP pre-hooks begin.
+        marks = register_module_forward_pre_hook(self._mark_forward) if self.timer is not None else None
         try:
             out = self.model(tokens, labels)
         finally:
             self._capture = None
-        if capture is not None:
-            on_phase(capture, Phase.PARAM_SYNC, {})
+            if marks is not None:
+                marks.remove()
+        self._mark(step, Phase.FORWARD)
+        on_phase(capture, Phase.PARAM_SYNC, {})
         return out
+
+    def _mark(self, step: int, phase: Phase) -> None:
+        if self.timer is not None:
+            self.timer(step, phase)
+
+    def _mark_forward(self, module, args):
+        if self._capture is not None and module in self._capturing_modules:
+            self._mark(self._capture[2], Phase.FORWARD)  # the forward so far; its pre-hooks: param_sync
 
     def force_param_sync(self) -> None:
         """Under overlap, make the params current now, as training does before an evaluation or
@@ -194,6 +215,7 @@ class Stack:
             own = [p for p in m.parameters(recurse=False) if p in self.names]
             if own:
                 m.register_forward_pre_hook(self._capture_hook(own))
+                self._capturing_modules.add(m)
         for m in self.fp8_linears.values():
             m.weight_observer = self._observe_fp8_weight
 
@@ -205,7 +227,8 @@ class Stack:
                     if g in self.window.start and g not in self.window.first_use:
                         self.window.first_use[g] = (self.names[p], g.param_gathers[self.window.start[g]:])
             if self._capture is not None:
-                on_phase, step = self._capture
+                on_phase, step, _ = self._capture
+                self._mark(step, Phase.PARAM_SYNC)  # this module's pre-hooks: the gather
                 live = {self.names[p]: p.data for p in own if not self._reported_as_quantized(p)}
                 if live:
                     on_phase(step, Phase.PARAM_SYNC, live, complete=False)
@@ -213,7 +236,8 @@ class Stack:
 
     def _observe_fp8_weight(self, module, qw):
         if self._capture is not None:
-            on_phase, step = self._capture
+            on_phase, step, forward_step = self._capture
+            self._mark(forward_step, Phase.FORWARD)  # OFF quantized its weight: forward work
             on_phase(step, Phase.PARAM_SYNC, fp8_parts(self.names[module.weight], qw), complete=False)
 
     def _close_gather_window(self):

@@ -169,3 +169,53 @@ def test_a_phase_reported_at_the_first_step_only_is_caught(single_rank):
     divs, bad = failures(res)
     assert not divs and res["compared_by_phase"]["optimizer"] > 0
     assert {(c["check"], c["step"]) for c in bad} == {("reported/optimizer", 1), ("reported/optimizer", 2)}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_time_in_a_capturing_forward_is_charged_to_the_phase_that_spent_it(single_rank, monkeypatch, overlap):
+    # Params are captured inside the next forward. A sleep after every module's forward must count
+    # as forward; one inside the DDP's pre-hooks (the overlapped gather) as gather (param_sync).
+    import time
+
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from parity.ddp.ddp import DDP
+
+    nap = 0.02
+    calls = {"forward": 0, "pre_hook": 0}
+    make = DDP._make_pre_hook
+
+    def slow_pre_hook(self, groups):
+        hook = make(self, groups)
+
+        def timed(module, args):
+            calls["pre_hook"] += 1
+            time.sleep(nap)
+            return hook(module, args)
+        return timed
+
+    def slow_forward(module, args, out):
+        if not list(module.children()):  # leaves only: each nap counted once
+            calls["forward"] += 1
+            time.sleep(nap)
+
+    monkeypatch.setattr(DDP, "_make_pre_hook", slow_pre_hook)
+    handle = register_module_forward_hook(slow_forward)
+    try:
+        res = run(single_rank, steps=2, overlap=overlap)
+    finally:
+        handle.remove()
+    assert not any(failures(res))
+    spent = {"forward": 0.0, "param_sync": 0.0}
+    for acc in res["timing"].values():
+        for side in ("test", "ref"):
+            for ph in spent:
+                spent[ph] += acc.get(side, {}).get(ph, 0.0)
+    flush = sum(acc.get("harness", {}).get("flush", 0.0) for acc in res["timing"].values())
+    # every forward's leaves napped; the flush forward's naps are the harness's (one forward per side)
+    per_forward = calls["forward"] // 6  # 2 steps + the flush, 2 sides
+    assert spent["forward"] >= (calls["forward"] - 2 * per_forward) * nap * 0.95
+    assert flush >= 2 * per_forward * nap * 0.95
+    assert spent["param_sync"] >= calls["pre_hook"] * nap * 0.95
+    assert spent["param_sync"] < (calls["pre_hook"] + 2) * nap + 0.5  # no forward time in it
+    assert calls["pre_hook"] > 0 if overlap else calls["pre_hook"] == 0
