@@ -5,10 +5,11 @@ then the `test` stack (the stack under test: knob ON) runs and, as it reports ea
 tensors are compared bit for bit with ref's, on the device they live on. Only summaries leave the
 rank (plus the mismatching tensors, or all, when snapshots ask for them).
 
-A stack reports phases as ``(step, phase, tensors, complete)``, possibly in parts. Under
-overlap_param_gather the params of step N are reported while step N+1's forward consumes them
-(or by ``Stack.flush`` after the last step), so a step is closed (its replica checks, record and
-snapshot) once both stacks have reported all its phases.
+A stack reports phases as ``(step, phase, tensors, complete)``, possibly in parts. The params of
+step N are reported while step N+1's forward consumes them (or by ``Stack.flush`` after the last
+step), so a step is closed (its replica checks, record and snapshot) once both stacks have
+reported all its phases. A phase both sides reported whole is compared and checked at once, and
+then keeps only what the step's snapshot will write.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class RunOptions:
     out_dir: str | None = None
     """Where snapshots go (OUT/snapshots/<scenario>/)."""
     fail_fast: bool = False
-    """Stop at the first divergent step."""
+    """Stop after the first step with a divergence or a failed check (its params, reported in
+    the next forward, are still captured: by the flush)."""
     golden_digests: bool = True
     """Return per-tensor digests of the test stack for golden records."""
     progress: bool = True
@@ -152,6 +154,10 @@ class _StepState:
     """phase -> test tensors (cloned) reported before ref's phase was complete."""
     snap_test: dict = field(default_factory=dict)
     """phase -> test tensors copied for the snapshot."""
+    snap_ref: dict = field(default_factory=dict)
+    """phase -> ref tensors kept for the snapshot (on the CPU) once the phase was compared."""
+    diverged: dict = field(default_factory=dict)
+    """phase -> names of the tensors that differed (what a divergent snapshot writes)."""
     param_hashes: dict = field(default_factory=dict)
     """sha256 of the test stack's param_sync tensors, taken when that phase completed."""
 
@@ -276,6 +282,9 @@ class LockstepRunner:
         self.states[step].record.update(self.test.last_step_stats,
                                         **{f"{k}_b": v for k, v in self.ref.last_step_stats.items()})
         self._after_test_step(step)
+        res = self.result
+        if self.opts.fail_fast and (res.divergences or any(not c["ok"] for c in res.checks)):
+            self.stopped = True  # the step closes in the next forward: do not run it for that
         if self.opts.save_at == step + 1:
             _beat(step, "checkpoint")
             for stack in (self.ref, self.test):
@@ -292,9 +301,11 @@ class LockstepRunner:
     def _flush(self) -> None:
         """Both stacks report what is still open (the last step's params)."""
         self.flushing = True
-        self.ref.flush(self._on_ref)
-        self.test.flush(self._on_test)
-        self.flushing = False
+        try:
+            self.ref.flush(self._on_ref)
+            self.test.flush(self._on_test)
+        finally:
+            self.flushing = False
         self._gather_checks()
         self._close_ready_steps(final=True)
         self.clock.harness_done(self.scenario.steps - 1, "checks")
@@ -381,6 +392,7 @@ class LockstepRunner:
         elif opts.snapshot == "divergent" and len(self.result.divergences) > n_before:
             # Copy the differing tensors now: later phases update the live tensors in place.
             bad = {_tensor_of(d["path"]) for d in self.result.divergences[n_before:]}
+            st.diverged.setdefault(phase, set()).update(bad)
             with self.clock.part(step, "snapshot"):
                 st.snap_test.setdefault(phase, {}).update(
                     {k: v.detach().to("cpu", copy=True) for k, v in cur.items() if k in bad})
@@ -428,6 +440,20 @@ class LockstepRunner:
         if self.opts.golden_digests and phase != Phase.INIT:
             with self.clock.part(step, "golden"):
                 self._record_golden(step, phase, cur)
+        self._release(st, step, phase)
+
+    def _release(self, st, step, phase) -> None:
+        """Keep of a compared phase only what its step's snapshot writes. The step closes a
+        forward later (its params are reported as the next forward consumes them): holding every
+        phase's ref clones until then held two steps of them at once."""
+        ref = st.ref[phase]
+        if self.snapshots is not None and step >= 0:  # (init is not snapshotted)
+            keep = set(ref.tensors) if self.opts.snapshot == "all" else st.diverged.get(phase, set())
+            if keep:
+                with self.clock.part(step, "snapshot"):  # (a CPU rank's clones are private already)
+                    st.snap_ref[phase] = {k: v.to("cpu") for k, v in ref.tensors.items() if k in keep}
+        ref.tensors = {}
+        st.test[phase].tensors = {}
 
     def _record_golden(self, step, phase, tensors) -> None:
         golden.capture_phase(self.result.golden, self.scenario, self.rank, step, phase, tensors)
@@ -660,14 +686,11 @@ def _tensor_of(path: str) -> str:
 def _snapshot_tensors(st: _StepState, step_div, mode) -> dict:
     out = {}
     want = {(d["phase"], _tensor_of(d["path"])) for d in step_div}
-    ref_caps = {ph: cap.tensors for ph, cap in st.ref.items()}
-    for side, caps in ((Side.TEST, st.snap_test), (Side.REF, ref_caps)):
+    for side, caps in ((Side.TEST, st.snap_test), (Side.REF, st.snap_ref)):
         for ph, d in caps.items():
             for k, v in d.items():
-                if mode == "all" or (str(ph), k) in want:
-                    # already private CPU copies (snap_test, or ref's clones on a CPU rank; the
-                    # step's state is dropped after this): copied again only off a GPU
-                    out[f"{SNAPSHOT_PREFIX[side]}/{ph}/{k}"] = v.detach().to("cpu")
+                if mode == "all" or (str(ph), k) in want:  # private CPU copies already
+                    out[f"{SNAPSHOT_PREFIX[side]}/{ph}/{k}"] = v
     return out
 
 

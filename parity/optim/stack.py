@@ -84,7 +84,8 @@ class Stack:
         self.overlap = self.ddp.config.overlap_param_gather
         self.grad_buffer_clean = None  # after each forced sync: LayerWise grad_data at DP > 1 all zero?
         # param_sync is captured when the next forward consumes the params
-        self.capture_at_consumption = not (self.overlap and Fault.SAMPLE_BEFORE_DEFERRED_GATHER in faults)
+        deferred = self.overlap and (groups.dp > 1 or groups.expt_dp > 1)  # a gather to sample before
+        self.capture_at_consumption = not (deferred and Fault.SAMPLE_BEFORE_DEFERRED_GATHER in faults)
         self.window: GatherWindow | None = None  # under overlap: the gathers since the last step
         self.closed_windows: list[GatherWindow] = []
         self.pending_sync: int | None = None  # the step whose param_sync the next forward captures
@@ -98,8 +99,7 @@ class Stack:
             # The training loop keeps the pre-hooks off for the first iteration (the params
             # from init or a checkpoint are already in place) and turns them on after it.
             self.ddp.disable_forward_pre_hook(param_sync=False)
-        if self.capture_at_consumption:
-            self._install_param_capture()
+        self._install_param_capture()
 
     # -- one step ----------------------------------------------------------------------------
     def step(self, step: int, on_phase) -> None:
@@ -151,10 +151,13 @@ class Stack:
 
     def flush(self, on_phase) -> None:
         """After the last step: one more forward (no backward) consumes the params, which
-        captures the last step's param_sync and (under overlap) closes its gather window."""
-        if self.pending_sync is not None:
+        captures the last step's param_sync and (under overlap) lands and closes its gathers."""
+        last = self.pending_sync
+        if last is None and self.window is not None:  # sampled early (a fault): the gathers still land
+            last = self.window.step
+        if last is not None:
             with torch.no_grad():
-                self._forward(self.pending_sync + 1, 0, on_phase)
+                self._forward(last + 1, 0, on_phase)
         self._close_gather_window()
 
     def _forward(self, step: int, mb: int, on_phase):
@@ -167,8 +170,9 @@ class Stack:
         if capture is None:
             return self.model(tokens, labels)
         self._capture = (on_phase, capture, step)
-        # Global pre-hooks run before a module's own, so this marks where its DDP pre-hooks begin.
-        marks = register_module_forward_pre_hook(self._mark_forward) if self.timer is not None else None
+        # Global pre-hooks run before a module's own: this marks where its DDP pre-hooks begin.
+        timed = self.timer is not None and self.ddp.pre_hooks_enabled
+        marks = register_module_forward_pre_hook(self._mark_forward) if timed else None
         try:
             out = self.model(tokens, labels)
         finally:
@@ -207,10 +211,11 @@ class Stack:
         if hooks_on:
             ddp.enable_forward_pre_hook()
 
-    # -- param capture at consumption (overlap) ---------------------------------------------
+    # -- param capture at consumption -------------------------------------------------------
     def _install_param_capture(self):
         """Observation hooks: registered after (and run after) the DDP's prepended pre-hooks,
-        so they see each module's params as its forward is about to use them."""
+        so they see each module's params as its forward is about to use them (and, under
+        overlap, which gathers had landed by each group's first use)."""
         for m in self.model.modules():
             own = [p for p in m.parameters(recurse=False) if p in self.names]
             if own:
@@ -227,17 +232,22 @@ class Stack:
                     if g in self.window.start and g not in self.window.first_use:
                         self.window.first_use[g] = (self.names[p], g.param_gathers[self.window.start[g]:])
             if self._capture is not None:
-                on_phase, step, _ = self._capture
-                self._mark(step, Phase.PARAM_SYNC)  # this module's pre-hooks: the gather
+                on_phase, step, forward_step = self._capture
+                # since the last mark: this module's pre-hooks (the gather), else the forward so far
+                if not self.ddp.pre_hooks_enabled:
+                    self._mark(forward_step, Phase.FORWARD)
                 live = {self.names[p]: p.data for p in own if not self._reported_as_quantized(p)}
                 if live:
                     on_phase(step, Phase.PARAM_SYNC, live, complete=False)
+                else:
+                    self._mark(step, Phase.PARAM_SYNC)
         return hook
 
     def _observe_fp8_weight(self, module, qw):
         if self._capture is not None:
             on_phase, step, forward_step = self._capture
-            self._mark(forward_step, Phase.FORWARD)  # OFF quantized its weight: forward work
+            if not is_quantized_param(module.weight):
+                self._mark(forward_step, Phase.FORWARD)  # OFF quantized its weight: forward work
             on_phase(step, Phase.PARAM_SYNC, fp8_parts(self.names[module.weight], qw), complete=False)
 
     def _close_gather_window(self):
@@ -299,8 +309,9 @@ class Stack:
                                          and hasattr(p, "dequantize"))
 
     def param_tensors(self) -> dict:
-        """The params right after step(), before any forward: read there only by the
-        sample-before-deferred-gather fault (an FP8 weight of a bf16 param quantized here)."""
+        """The params as they are now, not as a forward uses them (an FP8 weight of a bf16 param
+        is quantized here): param_sync reads them only under the sample-before-deferred-gather
+        fault; checkpoint tests read them after a load."""
         out = {}
         for p in self.params:
             name = self.names[p]

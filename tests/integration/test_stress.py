@@ -115,6 +115,8 @@ def test_fail_fast_stops_every_rank_when_one_diverges():
                                                 snapshot="none", golden_digests=False), timeout_s=60)
     assert entry["status"] == "fail", (entry.get("error"), entry.get("failure"))
     assert {d["step"] for r in results for d in r["divergences"]} == {0}  # every rank stopped there
+    # ...before running step 1, although step 0's params are reported only in the next forward
+    assert [[st["step"] for st in r["steps"]] for r in results] == [[0], [0]]
     fd = entry["first_divergence"]
     assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"]) == (0, "grad_reduce", inj.param, 1), fd
 
