@@ -88,6 +88,7 @@ class Fault(StrEnum):
     MUON_NORMALIZE_WITHOUT_EPS = "muon-normalize-without-eps"
     LAYERWISE_OVERLAP_FLAG_OFF = "layerwise-overlap-flag-off"
     MXFP8_COLUMNWISE_FROM_ROWWISE = "mxfp8-columnwise-from-rowwise"
+    FINAL_NORM_PAST_HOOKS = "final-norm-past-hooks"
 
 
 FIRED: set[Fault] = set()

@@ -89,6 +89,9 @@ CATALOGUE = {
     Fault.MXFP8_COLUMNWISE_FROM_ROWWISE: ("an MXFP8 param's columnwise bytes are copied from its rowwise bytes "
                                           "instead of quantized along the columns: the backward GEMMs read "
                                           "wrong FP8 values", 34),
+    Fault.FINAL_NORM_PAST_HOOKS: ("the final norm is run through .forward(), past its forward pre-hooks, on both "
+                                  "sides: its params leave param_sync unnoticed while ON == OFF (under "
+                                  "overlap it also reads them before their gather lands)", 35),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -96,7 +99,7 @@ CATALOGUE = {
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
-                 Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS}
+                 Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

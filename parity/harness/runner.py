@@ -422,6 +422,7 @@ class LockstepRunner:
             st.grad_hashes = {f"main_grad:{k}": tensor_sha256(v) for k, v in cur.items()
                               if k in self.all_reduced and self._replicated(k)}
         if phase == Phase.PARAM_SYNC:
+            self._coverage_check(step, cur, ref)
             self._dropped_set_checks(step, cur, ref)  # keys only in ref: the pinned dropped set
             st.param_hashes = {k: tensor_sha256(v) for k, v in cur.items() if self._replicated(k)}
         else:
@@ -524,6 +525,16 @@ class LockstepRunner:
         step, phase = -1, Phase.INIT
         self._on_ref(step, phase, masters(self.ref))
         self._on_test(step, phase, masters(self.test))
+
+    def _coverage_check(self, step, cur, ref) -> None:
+        """Every param each stack holds is at param_sync, by its bits or by its FP8 bytes: params
+        are reported as the forward consumes them, so one the forward reaches past its module's
+        hooks would leave the comparison unnoticed."""
+        for side, stack, got in (("ON", self.test, cur), ("OFF", self.ref, ref)):
+            missing = [n for n in stack.names.values() if n not in got and f"{n}.fp8.rowwise_data" not in got]
+            self._check(step, "param-sync-covers", not missing,
+                        f"step {step}/param_sync/rank {self.rank}: {len(missing)} params {side} holds not "
+                        f"reported, first: {missing[:3]}")
 
     def _dropped_set_checks(self, step, cur, ref) -> None:
         self.pinned_drop = _check_dropped_set(cur, ref, self.pinned_drop, step, self._check, self.expect_drop)

@@ -102,6 +102,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
                                                       Expect("check", check="param-gather-once", step=0))),
     "mxfp8-columnwise-from-rowwise": ("w2-mxfp8-stress", Expect("mismatch", phase="param_sync", step=0,
                                                                 tensor="columnwise_data")),
+    # in both stacks (a shared fault), without overlap: training is unchanged, ON == OFF, and only
+    # the coverage of param_sync sees the params that left it
+    "final-norm-past-hooks": ("w4-dense", Expect("check", check="param-sync-covers", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

@@ -24,6 +24,7 @@ from parity.model.config import ModelConfig
 from parity.model.edges import edit_init
 from parity.model.fp8_linear import FP8Linear
 from parity.model.moe import MoE, SwiGLU
+from parity.vocab import Fault
 
 
 def init_value(seed: int, name: str, shape, std: float) -> torch.Tensor:
@@ -129,6 +130,7 @@ class GPT(nn.Module):
                 init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
         self.embed.weight.is_embedding_or_output = True
         self.head.weight.is_embedding_or_output = True
+        self.faults = frozenset()  # set by the stack that trains this model
         self.mix = None
         if cfg.adam_matrix:
             self.mix = nn.Parameter(init_value(seed, "mix", (H, H), std).to(device, torch.bfloat16))
@@ -141,7 +143,8 @@ class GPT(nn.Module):
             x = x + matmul.linear(x, self.mix)
         for layer in self.layers:
             x = layer(x)
-        logits = self.head(self.final_norm(x))
+        norm = self.final_norm.forward if Fault.FINAL_NORM_PAST_HOOKS in self.faults else self.final_norm
+        logits = self.head(norm(x))
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
         return loss, logits
 

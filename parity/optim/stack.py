@@ -79,7 +79,7 @@ class Stack:
         self.last_grad_stats = None  # this step's GradStats (set after the grad reduce)
         self.last_step_stats = {}    # lr and the grad stats as plain numbers, for the step report
         self.fp8_linears = {m.weight: m for m in self.model.modules() if isinstance(m, FP8Linear)}
-        for m in self.fp8_linears.values():
+        for m in [self.model, *self.fp8_linears.values()]:
             m.faults = faults
         self.overlap = self.ddp.config.overlap_param_gather
         self.grad_buffer_clean = None  # after each forced sync: LayerWise grad_data at DP > 1 all zero?
