@@ -89,6 +89,7 @@ class Fault(StrEnum):
     LAYERWISE_OVERLAP_FLAG_OFF = "layerwise-overlap-flag-off"
     MXFP8_COLUMNWISE_FROM_ROWWISE = "mxfp8-columnwise-from-rowwise"
     FINAL_NORM_PAST_HOOKS = "final-norm-past-hooks"
+    PREHOOKS_ON_EAGER_GROUPS = "prehooks-on-eager-groups"
 
 
 FIRED: set[Fault] = set()

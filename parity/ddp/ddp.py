@@ -138,11 +138,14 @@ class DDP:
         skipped = None
         if Fault.PREHOOKS_NOT_REGISTERED in self.faults:
             skipped = self._first_gathered_layer_wise_group()
+        hooked = self.param_gather_groups()  # not the groups the optimizer gathers right after its step
+        if any(_holds_fp8_distopt(g) for g in self.bucket_groups) and Fault.PREHOOKS_ON_EAGER_GROUPS in self.faults:
+            hooked = self.bucket_groups  # their raw FP8 bytes re-gathered: the unmodelled byte route
         for m in self.model.modules():
             groups = []
             for p in m.parameters(recurse=False):
                 g = self.group_of.get(id(p))
-                if g is not None and g not in groups and g is not skipped:
+                if g is not None and g in hooked and g not in groups and g is not skipped:
                     groups.append(g)
             if groups:
                 # Prepended: the params are current before any other pre-hook looks at them.

@@ -92,6 +92,9 @@ CATALOGUE = {
     Fault.FINAL_NORM_PAST_HOOKS: ("the final norm is run through .forward(), past its forward pre-hooks, on both "
                                   "sides: its params leave param_sync unnoticed while ON == OFF (under "
                                   "overlap it also reads them before their gather lands)", 35),
+    Fault.PREHOOKS_ON_EAGER_GROUPS: ("the forward pre-hooks also hook the FP8 DistOpt groups the optimizer "
+                                     "gathers right after its step: every window gathers their raw FP8 bytes "
+                                     "again, over each rank's requantized ones", 36),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a

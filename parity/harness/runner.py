@@ -549,8 +549,8 @@ class LockstepRunner:
     def _gather_checks(self) -> None:
         """Under overlap: in every window between two optimizer steps, each bucket group that
         has something to gather gathered exactly once, the way this stack finishes gathers (a
-        pre-hook, or force_sync), before its params' first use. Read from the groups' own
-        records."""
+        pre-hook, or force_sync), before its params' first use; a group the optimizer gathers
+        right after its step (FP8 DistOpt params) not at all. Read from the groups' own records."""
         test = self.test
         self.ref.closed_windows.clear()  # the reference is not checked
         while test.closed_windows:
@@ -567,7 +567,9 @@ class LockstepRunner:
                 use = f"before the first use of {r['first_param']}" if r["used"] else "(params never used)"
                 msg = (f"step {w.step}: bucket group {r['group']} ({r['first_param']}): gathers {use}: "
                        f"{r['before_first_use'] or 'none'}, in the whole window: {r['total'] or 'none'}; "
-                       f"expected exactly {r['expect']} by {want} ({len(bad)} group(s) wrong)")
+                       f"expected exactly {r['expect']} by {want}"
+                       f"{' (the optimizer gathers it right after its step)' if r['eager'] else ''} "
+                       f"({len(bad)} group(s) wrong)")
             self._check(w.step, "param-gather-once", not bad, msg)
 
     def _replicated(self, name: str) -> bool:

@@ -105,6 +105,8 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault), without overlap: training is unchanged, ON == OFF, and only
     # the coverage of param_sync sees the params that left it
     "final-norm-past-hooks": ("w4-dense", Expect("check", check="param-sync-covers", step=0)),
+    # the re-gathered bytes equal the requantized ones here: only the groups' own records see it
+    "prehooks-on-eager-groups": ("w2-fp8-head-overlap", Expect("check", check="param-gather-once", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

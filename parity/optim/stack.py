@@ -134,7 +134,7 @@ class Stack:
         if step == 0 or Fault.OPTIMIZER_REPORTED_ONCE not in cfg.faults:
             on_phase(step, Phase.OPTIMIZER, self.optimizer_state())
         if self.overlap:
-            self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.param_gather_groups()})
+            self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.bucket_groups})
             self.distopt.gather(only=ddp.eager_gather_buckets())
             if cfg.force_sync_each_step:
                 ddp.start_param_sync()  # gathers launched (e.g. by a schedule's param-sync call)
@@ -260,11 +260,12 @@ class Stack:
 
     def gather_report(self, w: GatherWindow) -> list[dict]:
         """Per bucket group of a closed window: what it gathered, how, and before which use."""
-        rows = []
-        for i, g in enumerate(self.ddp.param_gather_groups()):
+        rows, hooked = [], self.ddp.param_gather_groups()  # the others: gathered after the step
+        for i, g in enumerate(self.ddp.bucket_groups):
             first, before = w.first_use.get(g, (None, []))
             rows.append({"group": i, "first_param": first or self.names[g.params[-1]],
-                         "used": first is not None, "expect": 1 if g.gathers_params else 0,
+                         "used": first is not None, "eager": g not in hooked,
+                         "expect": 1 if g in hooked and g.gathers_params else 0,
                          "before_first_use": list(before), "total": list(w.total.get(g, []))})
         return rows
 
