@@ -290,6 +290,7 @@ class LockstepRunner:
             for stack in (self.ref, self.test):
                 if stack.overlap:  # training makes the params current before a save
                     stack.force_param_sync()
+            self._grad_buffer_check(step)  # (the next step zeroes the buffers: read it now)
             from parity.harness.resume import save_pair
 
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
@@ -540,11 +541,16 @@ class LockstepRunner:
         self.pinned_drop = _check_dropped_set(cur, ref, self.pinned_drop, step, self._check, self.expect_drop)
 
     def _after_test_step(self, step: int) -> None:
-        test = self.test
-        if test.grad_buffer_clean is not None:
-            self._check(step, "grad-buffer-clean", test.grad_buffer_clean,
-                        f"step {step}: LayerWise grad_data (DP > 1) not zero after force_sync (gather payload left)")
+        self._grad_buffer_check(step)
         self._gather_checks()
+
+    def _grad_buffer_check(self, step: int) -> None:
+        """After a forced param sync (each step in the force_sync pair; before a checkpoint save):
+        the LayerWise grad buffers the gather landed in hold no payload."""
+        clean = self.test.grad_buffer_clean
+        if clean is not None:
+            self._check(step, "grad-buffer-clean", clean,
+                        f"step {step}: LayerWise grad_data (DP > 1) not zero after force_sync (gather payload left)")
 
     def _gather_checks(self) -> None:
         """Under overlap: in every window between two optimizer steps, each bucket group that

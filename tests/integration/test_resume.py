@@ -200,3 +200,21 @@ def test_a_failed_save_overwrites_nothing(tmp_path):
     assert sorted(os.listdir(root)) == ["step1"]
     assert os.listdir(root / "step1") == ["keep.txt"]
     assert (root / "step1" / "keep.txt").read_text() == "an earlier checkpoint"
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(2)
+def test_a_payload_the_saves_forced_sync_leaves_is_caught():
+    """Training forces the param sync before a save. A copy-back that leaves the gather payload in
+    grad_data is zeroed by the next step before anything compares it, so only the post-condition
+    read right after the save sees it (the run passed with this fault before it was read there)."""
+    from parity.harness.driver import run_scenario
+
+    s = make_scenario({"name": "t", "world": 2, "overlap": True, "steps": 2, "resume_at": 1})
+    opts = dict(progress=False, snapshot="none", golden_digests=False)
+    clean_entry, _ = run_scenario(s, RunOptions(**opts), timeout_s=120)
+    assert clean_entry["status"] == "pass", clean_entry["failed_checks"]
+    entry, _ = run_scenario(s, RunOptions(injections=(Injection("fault", name=Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED),),
+                                          **opts), timeout_s=120)
+    bad = [(c["check"], c["step"]) for c in entry["failed_checks"]]
+    assert bad and set(bad) == {("grad-buffer-clean", 0)}, entry["failed_checks"]
