@@ -183,7 +183,7 @@ def test_time_in_a_capturing_forward_is_charged_to_the_phase_that_spent_it(singl
 
     from parity.ddp.ddp import DDP
 
-    nap = 0.02
+    nap = 0.005
     calls = {"forward": 0, "pre_hook": 0}
     make = DDP._make_pre_hook
 
