@@ -90,6 +90,7 @@ class Fault(StrEnum):
     MXFP8_COLUMNWISE_FROM_ROWWISE = "mxfp8-columnwise-from-rowwise"
     FINAL_NORM_PAST_HOOKS = "final-norm-past-hooks"
     PREHOOKS_ON_EAGER_GROUPS = "prehooks-on-eager-groups"
+    SHARD_END_EXCLUDED = "shard-end-excluded"
 
 
 FIRED: set[Fault] = set()

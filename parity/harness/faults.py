@@ -95,6 +95,9 @@ CATALOGUE = {
     Fault.PREHOOKS_ON_EAGER_GROUPS: ("the forward pre-hooks also hook the FP8 DistOpt groups the optimizer "
                                      "gathers right after its step: every window gathers their raw FP8 bytes "
                                      "again, over each rank's requantized ones", 36),
+    Fault.SHARD_END_EXCLUDED: ("every DistOpt shard leaves out its last element, on both sides: no rank's "
+                               "Adam steps it, it stays at its init while ON == OFF and the replicas agree",
+                               37),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -102,7 +105,8 @@ CATALOGUE = {
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
-                 Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS}
+                 Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
+                 Fault.SHARD_END_EXCLUDED}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

@@ -510,6 +510,18 @@ class LockstepRunner:
         twice = sorted(lw_names & do_names)
         self._check(-1, "optimizer-coverage", not orphans and not twice,
                     f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
+        # ...and every element of a DistOpt param by exactly one rank's shard piece.
+        for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
+            mine = [(test.names[pc.param], pc.lo - pc.buf.layout.index[pc.param][0],
+                     pc.hi - pc.buf.layout.index[pc.param][0]) for pc in test.distopt.pieces
+                    if pc.buf.key.is_expert == expert]
+            pieces = [x for rank in all_gather_object(mine, group) for x in rank]
+            numel = {test.names[p]: p.numel() for b in test.distopt.buffers if b.key.is_expert == expert
+                     for p in b.params}
+            bad = _untiled(pieces, numel)
+            self._check(-1, "distopt-shards-tile", not bad,
+                        f"{len(bad)} DistOpt params whose elements the {'expert-' if expert else ''}DP "
+                        f"ranks' shard pieces do not cover exactly once, first: {bad[:2]}")
         # Only owners may keep a high-precision init copy, and only until their master exists.
         kept = [test.names[p] for p in test.params if getattr(p, "hp_init", None) is not None]
         self._check(-1, "init-copies-dropped", not kept,
@@ -695,6 +707,25 @@ _EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 
 def _is_expert_name(k: str) -> bool:
     return ".experts." in k
+
+
+def _untiled(pieces, numel: dict) -> list:
+    """Params whose (name, lo, hi) pieces do not tile [0, numel) exactly: (name, what is wrong)."""
+    spans = {}
+    for name, lo, hi in pieces:
+        spans.setdefault(name, []).append((lo, hi))
+    bad = []
+    for name, n in sorted(numel.items()):
+        at = 0
+        for lo, hi in sorted(spans.get(name, [])):
+            if lo != at:
+                bad.append((name, f"elements {min(at, lo)}:{max(at, lo)} " + ("missed" if lo > at else "twice")))
+                break
+            at = hi
+        else:
+            if at != n:
+                bad.append((name, f"elements {at}:{n} missed"))
+    return bad
 
 
 def _tensor_of(path: str) -> str:

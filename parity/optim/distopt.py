@@ -48,6 +48,8 @@ class DistributedOptimizer:
             for b in buf.buckets:
                 shard = b.numel // buf.dp
                 s0, s1 = b.start + r * shard, b.start + (r + 1) * shard
+                if Fault.SHARD_END_EXCLUDED in self.faults:
+                    s1 -= 1  # an exclusive bound taken as inclusive: each shard's last element
                 for p in b.params:
                     ps, pe, _ = buf.layout.index[p]
                     lo, hi = max(ps, s0), min(pe, s1)

@@ -72,3 +72,14 @@ def test_ping_pong_sequence_matches_megatron_example():
     owners = ping_pong(10, 4)
     by_rank = {r: [i for i, o in enumerate(owners) if o == r] for r in range(4)}
     assert by_rank == {0: [0, 7, 8], 1: [1, 6, 9], 2: [2, 5], 3: [3, 4]}
+
+
+def test_shard_pieces_must_tile_each_param_exactly_once():
+    from parity.harness.runner import _untiled
+
+    numel = {"a": 10, "b": 4}
+    assert _untiled([("a", 0, 6), ("a", 6, 10), ("b", 0, 4)], numel) == []
+    assert _untiled([("a", 0, 5), ("a", 6, 10), ("b", 0, 4)], numel) == [("a", "elements 5:6 missed")]
+    assert _untiled([("a", 0, 6), ("a", 5, 10), ("b", 0, 4)], numel) == [("a", "elements 5:6 twice")]
+    assert _untiled([("a", 0, 10), ("b", 0, 3)], numel) == [("b", "elements 3:4 missed")]
+    assert _untiled([("a", 0, 10)], numel) == [("b", "elements 0:4 missed")]  # no piece at all
