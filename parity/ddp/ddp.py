@@ -136,8 +136,10 @@ class DDP:
         if self._pre_hooks:
             return
         skipped = None
-        if Fault.PREHOOKS_NOT_REGISTERED in self.faults:
-            skipped = self._first_gathered_layer_wise_group()
+        if self.faults.injected(Fault.PREHOOKS_NOT_REGISTERED):
+            first = self._first_gathered_layer_wise_group()
+            if first is not None and Fault.PREHOOKS_NOT_REGISTERED in self.faults:
+                skipped = first
         hooked = self.param_gather_groups()  # not the groups the optimizer gathers right after its step
         if any(_holds_fp8_distopt(g) for g in self.bucket_groups) and Fault.PREHOOKS_ON_EAGER_GROUPS in self.faults:
             hooked = self.bucket_groups  # their raw FP8 bytes re-gathered: the unmodelled byte route
@@ -167,11 +169,14 @@ class DDP:
         return hook
 
     def _first_gathered_layer_wise_group(self):
-        """The head of the first chain that is a gathered LayerWise group: no other pre-hook
-        launches its gather (the PREHOOKS_NOT_REGISTERED fault drops its hooks)."""
+        """The first group a chain's pre-hooks gather (in forward order), where it is a gathered
+        LayerWise group: no other pre-hook launches its gather (the PREHOOKS_NOT_REGISTERED fault
+        drops its hooks)."""
+        hooked = self.param_gather_groups()
         for chain in self.chains:
-            if chain[-1].is_layer_wise and chain[-1].dp > 1:
-                return chain[-1]
+            first = next((g for g in reversed(chain) if g in hooked), None)
+            if first is not None and first.is_layer_wise and first.dp > 1:
+                return first
         return None
 
     def start_param_sync(self, force_sync: bool = False):
