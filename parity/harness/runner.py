@@ -282,9 +282,6 @@ class LockstepRunner:
         self.states[step].record.update(self.test.last_step_stats,
                                         **{f"{k}_b": v for k, v in self.ref.last_step_stats.items()})
         self._after_test_step(step)
-        res = self.result
-        if self.opts.fail_fast and (res.divergences or any(not c["ok"] for c in res.checks)):
-            self.stopped = True  # the step closes in the next forward: do not run it for that
         if self.opts.save_at == step + 1:
             _beat(step, "checkpoint")
             for stack in (self.ref, self.test):
@@ -297,6 +294,9 @@ class LockstepRunner:
                                                self.device)
             self.clock.harness_done(step, "checkpoint")
         self._close_ready_steps()
+        res = self.result  # (this step closes only in the next forward: not waited for)
+        if self.opts.fail_fast and (res.divergences or any(not c["ok"] for c in res.checks)):
+            self.stopped = True
         self.clock.harness_done(step, "checks")
 
     def _flush(self) -> None:
@@ -512,12 +512,16 @@ class LockstepRunner:
                     f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
         # ...and every element of a DistOpt param by exactly one rank's shard piece.
         for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
-            mine = [(test.names[pc.param], pc.lo - pc.buf.layout.index[pc.param][0],
-                     pc.hi - pc.buf.layout.index[pc.param][0]) for pc in test.distopt.pieces
-                    if pc.buf.key.is_expert == expert]
-            pieces = [x for rank in all_gather_object(mine, group) for x in rank]
             numel = {test.names[p]: p.numel() for b in test.distopt.buffers if b.key.is_expert == expert
                      for p in b.params}
+            if not numel:  # (the same on every rank of the group: none of them gathers)
+                continue
+            mine = []
+            for pc in test.distopt.pieces:
+                if pc.buf.key.is_expert == expert:
+                    start = pc.buf.layout.index[pc.param][0]
+                    mine.append((test.names[pc.param], pc.lo - start, pc.hi - start))
+            pieces = [x for rank in all_gather_object(mine, group) for x in rank]
             bad = _untiled(pieces, numel)
             self._check(-1, "distopt-shards-tile", not bad,
                         f"{len(bad)} DistOpt params whose elements the {'expert-' if expert else ''}DP "
@@ -644,8 +648,6 @@ class LockstepRunner:
                 if self.snapshots is not None:
                     with self.clock.part(step, "snapshot"):
                         self.snapshots.submit(step, _snapshot_tensors(st, step_div, mode))
-            if self.opts.fail_fast and (step_div or any(not c["ok"] for c in res.checks)):
-                self.stopped = True
             del self.states[step]
 
 
