@@ -7,8 +7,12 @@ inside the next forward, which consumes them; there the stack also marks where e
 pre-hooks begin, so the pre-hooks (the overlapped gather) count as gather and the rest as forward
 (``Stack.timer``). The time spent inside a report is the
 harness's: capture and compare, plus the golden digests and snapshot hand-off it does there. On
-CUDA the clock synchronizes the device at every mark, so queued kernels are charged to the phase
-that launched them (the harness synchronizes there anyway: a comparison reads its result).
+CUDA the clock waits at every mark for the stream the stacks compute on, so kernels queued there
+are charged to the phase that launched them (a comparison reads its result there anyway). It
+never synchronizes the whole device: a collective launched asynchronously (the overlapped param
+gather) stays in flight across the marks until the stack itself waits for it, as in training. A
+device-wide barrier at each module's pre-hook would land every in-flight gather before its
+copy-back, and so hide a copy-back that does not wait for its gather (docs/spec/megatron.md s2.10).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ class PhaseClock:
     """Wall-clock accounts of one rank: ``stack[(side, phase)]`` and ``harness[part]``, per step."""
 
     def __init__(self, device: torch.device):
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        # The current stream only, never torch.cuda.synchronize (see the module's docstring).
+        self._sync = ((lambda: torch.cuda.current_stream(device).synchronize())
+                      if device.type == "cuda" else (lambda: None))
         self.steps: dict[int, dict[str, dict[str, float]]] = {}
         self._last = None
         self._inner = 0.0  # sub-parts timed inside the open harness span

@@ -1,5 +1,6 @@
 """The per-phase clock of a rank and its merge into report.json / summary.md."""
 
+import pytest
 import torch
 
 from parity.harness import timing
@@ -28,6 +29,26 @@ def test_clock_charges_stack_phases_and_harness_parts_separately(monkeypatch):
     assert d["ref"]["forward"] == 0.02 and d["test"]["forward"] == 0.03
     assert d["harness"]["golden"] == 0.02
     assert d["harness"]["capture_compare"] == 0.01  # the golden part is taken out of its span
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_mark_leaves_work_on_another_stream_in_flight():
+    """A mark waits for the stream the stacks compute on, never for the device: a collective
+    launched asynchronously runs on its own stream, and a device-wide barrier at every pre-hook
+    mark would land it before the copy-back that is meant to wait for it (timing's docstring)."""
+    dev = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=dev)
+    side = torch.cuda.Stream(dev)
+    c = PhaseClock(dev)
+    c.start()
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):  # about 50 ms of GEMMs on the side stream, queued at once
+        for _ in range(40):
+            a = a @ a.mT / 4096
+    c.stack_reached(0, "test", "forward")
+    assert not side.query(), "the mark waited for another stream's work"
+    side.synchronize()
 
 
 def test_merge_averages_ranks_per_step_and_reports_the_rest():
