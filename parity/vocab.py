@@ -91,6 +91,7 @@ class Fault(StrEnum):
     FINAL_NORM_PAST_HOOKS = "final-norm-past-hooks"
     PREHOOKS_ON_EAGER_GROUPS = "prehooks-on-eager-groups"
     SHARD_END_EXCLUDED = "shard-end-excluded"
+    DISTOPT_SHARDS_REVERSED = "distopt-shards-reversed"
 
 
 FIRED: set[Fault] = set()

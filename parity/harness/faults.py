@@ -98,6 +98,10 @@ CATALOGUE = {
     Fault.SHARD_END_EXCLUDED: ("every DistOpt shard leaves out its last element, on both sides: no rank's "
                                "Adam steps it, it stays at its init while ON == OFF and the replicas agree",
                                37),
+    Fault.DISTOPT_SHARDS_REVERSED: ("DistOpt numbers its shards in reverse rank order, on both sides: each "
+                                    "rank steps another rank's region with its unreduced grads, and the "
+                                    "all-gather sends regions nobody stepped: the params stop training "
+                                    "while ON == OFF and the replicas agree", 38),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -106,7 +110,7 @@ CATALOGUE = {
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
                  Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
-                 Fault.SHARD_END_EXCLUDED}
+                 Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

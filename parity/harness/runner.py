@@ -27,7 +27,7 @@ import torch.distributed as dist
 from parity.distributed.collectives import all_gather_into, all_gather_object, all_reduce_sum
 from parity.distributed.groups import build_groups
 from parity.harness import golden
-from parity.harness.compare import compare_tensors
+from parity.harness.compare import bit_view, compare_tensors
 from parity.harness.faults import bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
@@ -327,6 +327,8 @@ class LockstepRunner:
         phase = str(phase)
         self.clock.stack_reached(step, "ref", phase)
         self._take_ref(step, phase, tensors, complete)
+        if complete and phase == Phase.PARAM_SYNC:
+            self._masters_check(step, Side.REF, self.ref)
         self.clock.harness_done(step)
 
     def _take_ref(self, step, phase, tensors, complete) -> None:
@@ -345,6 +347,8 @@ class LockstepRunner:
         phase = str(phase)
         self.clock.stack_reached(step, "test", phase)
         self._take_test(step, phase, live, complete)
+        if complete and phase == Phase.PARAM_SYNC:
+            self._masters_check(step, Side.TEST, self.test)
         self.clock.harness_done(step)
 
     def _take_test(self, step, phase, live, complete) -> None:
@@ -559,6 +563,18 @@ class LockstepRunner:
     def _after_test_step(self, step: int) -> None:
         self._grad_buffer_check(step)
         self._gather_checks()
+
+    def _masters_check(self, step: int, side: Side, stack: Stack) -> None:
+        """When a side's forward has consumed step ``step``'s params (and before its next
+        optimizer step moves the masters), every param this rank holds a master for holds that
+        master rounded to its dtype: the rank stepped the region the sync then gave it. Both
+        sides: a shared bug (a rank stepping a shard the collectives do not give it) leaves
+        ON == OFF and the replicas in agreement while the params stop training."""
+        bad = [name for name, values, master in stack.master_pairs()
+               if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
+        self._check(step, "params-hold-masters", not bad,
+                    f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's rounding "
+                    f"after the param sync, first {bad[:3]}")
 
     def _grad_buffer_check(self, step: int) -> None:
         """After a forced param sync (each step in the force_sync pair; before a checkpoint save):

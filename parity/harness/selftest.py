@@ -110,6 +110,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): the elements no rank steps agree everywhere; only the tiling
     # of the shard pieces sees them, before the first step
     "shard-end-excluded": ("w4-dense", Expect("check", check="distopt-shards-tile", step=-1)),
+    # in both stacks (a shared fault): the pieces tile every param and ON == OFF; only the params
+    # the sync hands each rank, set against the masters it stepped, see that nothing trains
+    "distopt-shards-reversed": ("w4-dense", Expect("check", check="params-hold-masters", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

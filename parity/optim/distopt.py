@@ -45,6 +45,8 @@ class DistributedOptimizer:
         self.pieces: list[ShardPiece] = []
         for buf in self.buffers:
             r = dist.get_rank(buf.group) if buf.dp > 1 else 0
+            if buf.dp > 1 and Fault.DISTOPT_SHARDS_REVERSED in self.faults:
+                r = buf.dp - 1 - r  # not the shard the reduce-scatter fills and the all-gather sends
             for b in buf.buckets:
                 shard = b.numel // buf.dp
                 s0, s1 = b.start + r * shard, b.start + (r + 1) * shard
@@ -106,6 +108,14 @@ class DistributedOptimizer:
             ps, pe, _ = buf.layout.index[p]
             write_fp8(p.qt, full[ps - b.start:pe - b.start].view(p.shape), self.faults)
             p.qt.post_all_gather_processing()
+
+    def master_pairs(self):
+        """(name, param values, master) of every shard piece whose param is not FP8: once the
+        params are synced the values are the master rounded to the param dtype (FP8 pieces are
+        requantized from the whole gathered param, not from a piece)."""
+        for pc in self.pieces:
+            if not is_quantized_param(pc.param):
+                yield pc.name, pc.buf.param_data[pc.lo:pc.hi], pc.master
 
     def state_tensors(self) -> dict:
         out = {}

@@ -162,6 +162,13 @@ class LayerWiseOptimizer:
         for buf in self.lw_buffers:
             buf.gather_param_data()
 
+    def master_pairs(self):
+        """(name, param, master) of every master this rank holds for a param that is neither FP8
+        (compared as its FP8 bytes instead) nor the master itself (a native fp32 param)."""
+        for p, m in self.masters.items():
+            if m is not p and not is_quantized_param(p):
+                yield self.names[p], p.data, m
+
     def state_tensors(self) -> dict:
         out = {}
         for p, m in self.masters.items():

@@ -303,6 +303,12 @@ class Stack:
                 out["clip_coef"] = st.clip_coef
         return out
 
+    def master_pairs(self):
+        """(name, param values, master) for every fp32 master this rank steps whose param holds
+        its rounding (docs/spec/megatron.md s2.8): LayerWise masters and DistOpt shard pieces."""
+        yield from self.layerwise.master_pairs()
+        yield from self.distopt.master_pairs()
+
     def _reported_as_quantized(self, p) -> bool:
         """Whether ``p`` is reported by its FP8 parts (not by its own data) at param_sync."""
         # the fault probes `dequantize`, which every torch tensor has
