@@ -47,9 +47,10 @@ CATALOGUE = {
     Fault.DISTOPT_FP8_NOT_REQUANTIZED: ("FP8 DistOpt params keep their old bytes: the gathered bf16 masters "
                                         "are never requantized into them", 22),
     Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED: ("grad norm and zeros count every all-reduced LayerWise grad on "
-                                               "every replica instead of once (its owner)", 23),
+                                               "every replica instead of once (its owner), on both sides: "
+                                               "the clip and the zero count are wrong while ON == OFF", 23),
     Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD: ("grad norm and zeros count whole DistOpt main_grads, unreduced "
-                                             "regions outside the rank's shard included", 24),
+                                             "regions outside the rank's shard included, on both sides", 24),
     Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED: ("force_sync's copy-back leaves the payload in grad_data: the next step "
                                           "zeroes it first, so only the post-condition check sees it (a "
                                           "zeros-vs-zeros comparison after that zeroing passes)", 4),
@@ -110,7 +111,8 @@ CATALOGUE = {
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
                  Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
-                 Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED}
+                 Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
+                 Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

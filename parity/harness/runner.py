@@ -32,7 +32,7 @@ from parity.harness.faults import bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.harness.timing import PhaseClock, profile_file
-from parity.model import is_layer_wise_managed
+from parity.model import is_expert_param, is_layer_wise_managed
 from parity.optim.stack import Stack
 from parity.vocab import FIRED, STEP_PHASES, Phase, Side
 
@@ -327,8 +327,8 @@ class LockstepRunner:
         phase = str(phase)
         self.clock.stack_reached(step, "ref", phase)
         self._take_ref(step, phase, tensors, complete)
-        if complete and phase == Phase.PARAM_SYNC:
-            self._masters_check(step, Side.REF, self.ref)
+        if complete:
+            self._side_checks(step, phase, Side.REF, self.ref)
         self.clock.harness_done(step)
 
     def _take_ref(self, step, phase, tensors, complete) -> None:
@@ -347,8 +347,8 @@ class LockstepRunner:
         phase = str(phase)
         self.clock.stack_reached(step, "test", phase)
         self._take_test(step, phase, live, complete)
-        if complete and phase == Phase.PARAM_SYNC:
-            self._masters_check(step, Side.TEST, self.test)
+        if complete:
+            self._side_checks(step, phase, Side.TEST, self.test)
         self.clock.harness_done(step)
 
     def _take_test(self, step, phase, live, complete) -> None:
@@ -514,6 +514,12 @@ class LockstepRunner:
         twice = sorted(lw_names & do_names)
         self._check(-1, "optimizer-coverage", not orphans and not twice,
                     f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
+        # The elements the grad norm must count: the dense params (on every rank) and every
+        # expert's (each EP rank holds its own experts).
+        expert_numel = torch.tensor([sum(p.numel() for p in test.params if is_expert_param(p))],
+                                    dtype=torch.int64, device=self.device)
+        all_reduce_sum(expert_numel, groups.ep_group)
+        self.trainable_elements = sum(p.numel() for p in test.params if not is_expert_param(p)) + int(expert_numel)
         # ...and every element of a DistOpt param by exactly one rank's shard piece.
         for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
             numel = {test.names[p]: p.numel() for b in test.distopt.buffers if b.key.is_expert == expert
@@ -564,17 +570,26 @@ class LockstepRunner:
         self._grad_buffer_check(step)
         self._gather_checks()
 
-    def _masters_check(self, step: int, side: Side, stack: Stack) -> None:
-        """When a side's forward has consumed step ``step``'s params (and before its next
-        optimizer step moves the masters), every param this rank holds a master for holds that
-        master rounded to its dtype: the rank stepped the region the sync then gave it. Both
-        sides: a shared bug (a rank stepping a shard the collectives do not give it) leaves
-        ON == OFF and the replicas in agreement while the params stop training."""
-        bad = [name for name, values, master in stack.master_pairs()
-               if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
-        self._check(step, "params-hold-masters", not bad,
-                    f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's rounding "
-                    f"after the param sync, first {bad[:3]}")
+    def _side_checks(self, step: int, phase: str, side: Side, stack: Stack) -> None:
+        """Invariants of one side's own state, checked on both sides as each completes a phase:
+        a shared bug leaves ON == OFF and the replicas in agreement, and only these see it.
+
+        After the optimizer: the grad norm and the zeros counted every trainable element exactly
+        once over the ranks (docs/spec/megatron.md s2.14). After the params were consumed by the
+        next forward (before its optimizer step moves the masters): every param this rank holds
+        a master for holds that master rounded to its dtype, i.e. the rank stepped the region
+        the sync gave it (s2.8)."""
+        if phase == Phase.OPTIMIZER and stack.last_grad_stats is not None:
+            counted = stack.last_grad_stats.elements
+            self._check(step, "grad-norm-counts-once", counted == self.trainable_elements,
+                        f"step {step}/{side.value}: the grad norm counted {counted} elements over the ranks, "
+                        f"the model has {self.trainable_elements}")
+        if phase == Phase.PARAM_SYNC:
+            bad = [name for name, values, master in stack.master_pairs()
+                   if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
+            self._check(step, "params-hold-masters", not bad,
+                        f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's "
+                        f"rounding after the param sync, first {bad[:3]}")
 
     def _grad_buffer_check(self, step: int) -> None:
         """After a forced param sync (each step in the force_sync pair; before a checkpoint save):

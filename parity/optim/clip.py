@@ -38,6 +38,9 @@ class GradStats:
     clip_coef: torch.Tensor | None
     """float64 ``clip_grad / (norm + 1e-6)``; the grads were scaled by it iff it is < 1.
     None when clipping is off."""
+    elements: int
+    """How many grad elements the norm and the zeros counted, summed as they are: each param's
+    elements once when the ranks split the counting right."""
 
 
 def counted_grads(layerwise, distopt, order: dict, faults=frozenset()) -> list[tuple[int, bool, torch.Tensor]]:
@@ -85,9 +88,11 @@ def grad_stats(grads, held, *, dp_group, expt_dp_group, ep_group, clip_grad: flo
         if coef < 1.0:
             for g in held:
                 g.mul_(coef)
-    zeros = {False: torch.zeros(1, dtype=torch.int64, device=device),
-             True: torch.zeros(1, dtype=torch.int64, device=device)}
+    # [zeros, elements counted]: one reduction carries both
+    counts = {False: torch.zeros(2, dtype=torch.int64, device=device),
+              True: torch.zeros(2, dtype=torch.int64, device=device)}
     for _, expert, g in grads:
-        zeros[expert] += g.numel() - torch.count_nonzero(g)
-    num_zeros = _sum_over(zeros[False], [dp_group]) + _sum_over(zeros[True], [expt_dp_group, ep_group])
-    return GradStats(norm=norm, num_zeros=num_zeros, clip_coef=clip_coef)
+        counts[expert][0] += g.numel() - torch.count_nonzero(g)
+        counts[expert][1] += g.numel()
+    total = _sum_over(counts[False], [dp_group]) + _sum_over(counts[True], [expt_dp_group, ep_group])
+    return GradStats(norm=norm, num_zeros=total[0:1].clone(), clip_coef=clip_coef, elements=int(total[1]))
