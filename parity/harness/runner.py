@@ -216,6 +216,13 @@ class LockstepRunner:
         overlapped = self.test.ddp.config.overlap_grad_reduce or self.ref.ddp.config.overlap_grad_reduce
         self.step_phases = [ph for ph in STEP_PHASES if not (ph == Phase.GRAD_LOCAL and overlapped)]
         self.star = _first_layer_wise_matrix(self.test)
+        # The elements the grad norm must count: the dense params (on every rank) and every
+        # expert's (each EP rank holds its own experts).
+        expert_numel = torch.tensor([sum(p.numel() for p in self.test.params if is_expert_param(p))],
+                                    dtype=torch.int64, device=self.device)
+        all_reduce_sum(expert_numel, self.groups.ep_group)
+        self.trainable_elements = (sum(p.numel() for p in self.test.params if not is_expert_param(p))
+                                   + int(expert_numel))
         self.all_reduced = {self.test.names[p] for p in self.test.params
                             if not self.test.ddp.group_of[id(p)].use_distributed_optimizer}
         self.result = RankResult(
@@ -514,12 +521,6 @@ class LockstepRunner:
         twice = sorted(lw_names & do_names)
         self._check(-1, "optimizer-coverage", not orphans and not twice,
                     f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
-        # The elements the grad norm must count: the dense params (on every rank) and every
-        # expert's (each EP rank holds its own experts).
-        expert_numel = torch.tensor([sum(p.numel() for p in test.params if is_expert_param(p))],
-                                    dtype=torch.int64, device=self.device)
-        all_reduce_sum(expert_numel, groups.ep_group)
-        self.trainable_elements = sum(p.numel() for p in test.params if not is_expert_param(p)) + int(expert_numel)
         # ...and every element of a DistOpt param by exactly one rank's shard piece.
         for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
             numel = {test.names[p]: p.numel() for b in test.distopt.buffers if b.key.is_expert == expert
