@@ -92,6 +92,7 @@ class Fault(StrEnum):
     PREHOOKS_ON_EAGER_GROUPS = "prehooks-on-eager-groups"
     SHARD_END_EXCLUDED = "shard-end-excluded"
     DISTOPT_SHARDS_REVERSED = "distopt-shards-reversed"
+    PREHOOKS_SKIP_EXPERT_GROUPS = "prehooks-skip-expert-groups"
 
 
 FIRED: set[Fault] = set()

@@ -23,6 +23,7 @@ from parity.vocab import Fault, FaultSet
 # How a landed param gather was finished (each bucket group records one per gather).
 PRE_HOOK = "pre_hook"      # a forward pre-hook waited on it and copied it back
 FORCE_SYNC = "force_sync"  # start_param_sync(force_sync=True) finished it
+OPTIMIZER = "optimizer"    # the optimizer gathered it right after its step (FP8 DistOpt, s2.16)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -124,7 +124,10 @@ class DDP:
         optimizer step a pre-hook cannot do (docs/spec/megatron.md s2.16)."""
         if not self.config.overlap_param_gather:
             return []
-        return [g for g in self.bucket_groups if not _holds_fp8_distopt(g)]
+        groups = [g for g in self.bucket_groups if not _holds_fp8_distopt(g)]
+        if any(_is_expert(g) and g.gathers_params for g in groups) and Fault.PREHOOKS_SKIP_EXPERT_GROUPS in self.faults:
+            groups = [g for g in groups if not _is_expert(g)]  # the expert chain left out
+        return groups
 
     def eager_gather_buckets(self) -> set:
         """Buckets the optimizer gathers right after its step even under overlap (see above)."""
@@ -216,6 +219,10 @@ class DDP:
             if g.param_gather_handle is not None:
                 raise AssertionError("cannot re-arm a bucket group with a gather in flight")
             g.param_gather_dispatched = False
+
+
+def _is_expert(g) -> bool:
+    return g.buckets[0].buffer.key.is_expert  # a group never mixes expert and dense buckets
 
 
 def _holds_fp8_distopt(g) -> bool:

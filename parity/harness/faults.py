@@ -103,6 +103,10 @@ CATALOGUE = {
                                     "rank steps another rank's region with its unreduced grads, and the "
                                     "all-gather sends regions nobody stepped: the params stop training "
                                     "while ON == OFF and the replicas agree", 38),
+    Fault.PREHOOKS_SKIP_EXPERT_GROUPS: ("the groups the forward pre-hooks gather leave out the expert groups, "
+                                        "on both sides: their params are never gathered under overlap "
+                                        "(the choice of groups must not set what the gather check "
+                                        "expects)", 5),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -112,7 +116,8 @@ CATALOGUE = {
 SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
                  Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
                  Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
-                 Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD}
+                 Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
+                 Fault.PREHOOKS_SKIP_EXPERT_GROUPS}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

@@ -602,17 +602,17 @@ class LockstepRunner:
 
     def _gather_checks(self) -> None:
         """Under overlap: in every window between two optimizer steps, each bucket group that
-        has something to gather gathered exactly once, the way this stack finishes gathers (a
-        pre-hook, or force_sync), before its params' first use; a group the optimizer gathers
-        right after its step (FP8 DistOpt params) not at all. Read from the groups' own records."""
+        has something to gather gathered exactly once before its params' first use: by the
+        optimizer right after its step where it holds FP8 DistOpt params, else the way this
+        stack finishes gathers (a pre-hook, or force_sync). Read from the groups' own records;
+        what to expect, from the groups' buckets (Stack.gather_report)."""
         test = self.test
         self.ref.closed_windows.clear()  # the reference is not checked
         while test.closed_windows:
             w = test.closed_windows.pop(0)
-            want = w.source
             bad = []
             for row in test.gather_report(w):
-                exp = [want] * row["expect"]
+                exp = [row["by"]] * row["expect"]
                 if not row["used"] or row["before_first_use"] != exp or row["total"] != exp:
                     bad.append(row)
             msg = ""
@@ -621,9 +621,7 @@ class LockstepRunner:
                 use = f"before the first use of {r['first_param']}" if r["used"] else "(params never used)"
                 msg = (f"step {w.step}: bucket group {r['group']} ({r['first_param']}): gathers {use}: "
                        f"{r['before_first_use'] or 'none'}, in the whole window: {r['total'] or 'none'}; "
-                       f"expected exactly {r['expect']} by {want}"
-                       f"{' (the optimizer gathers it right after its step)' if r['eager'] else ''} "
-                       f"({len(bad)} group(s) wrong)")
+                       f"expected exactly {r['expect']} by {r['by']} ({len(bad)} group(s) wrong)")
             self._check(w.step, "param-gather-once", not bad, msg)
 
     def _replicated(self, name: str) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from parity.ddp.buffers import FORCE_SYNC, PRE_HOOK
+from parity.ddp.buffers import FORCE_SYNC, OPTIMIZER, PRE_HOOK
 from parity.ddp.config import DDPConfig
 from parity.ddp.ddp import DDP
 from parity.ddp.layout import merge_rule_matters
@@ -135,7 +135,11 @@ class Stack:
             on_phase(step, Phase.OPTIMIZER, self.optimizer_state())
         if self.overlap:
             self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.bucket_groups})
-            self.distopt.gather(only=ddp.eager_gather_buckets())
+            eager = ddp.eager_gather_buckets()
+            self.distopt.gather(only=eager)
+            for g in ddp.bucket_groups:  # recorded as the groups record a pre-hook's gather
+                if g.gathers_params and any(b in eager for b in g.buckets):
+                    g.param_gathers.append(OPTIMIZER)
             if cfg.force_sync_each_step:
                 ddp.start_param_sync()  # gathers launched (e.g. by a schedule's param-sync call)
                 self.force_param_sync()
@@ -259,13 +263,19 @@ class Stack:
         self.window = None
 
     def gather_report(self, w: GatherWindow) -> list[dict]:
-        """Per bucket group of a closed window: what it gathered, how, and before which use."""
-        rows, hooked = [], self.ddp.param_gather_groups()  # the others: gathered after the step
+        """Per bucket group of a closed window: what it gathered, how, and before which use.
+        The expectation is read from the group's own buckets, not from the DDP's choice of the
+        groups it hooks (a wrong choice would set its own expectation): a group with something to
+        gather lands exactly one gather, by the optimizer when it holds FP8 DistOpt params
+        (docs/spec/megatron.md s2.16), else by the window's way (pre-hook or force_sync)."""
+        rows = []
         for i, g in enumerate(self.ddp.bucket_groups):
             first, before = w.first_use.get(g, (None, []))
+            eager = any(b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
+                        for b in g.buckets)
             rows.append({"group": i, "first_param": first or self.names[g.params[-1]],
-                         "used": first is not None, "eager": g not in hooked,
-                         "expect": 1 if g in hooked and g.gathers_params else 0,
+                         "used": first is not None, "by": OPTIMIZER if eager else w.source,
+                         "expect": 1 if g.gathers_params else 0,
                          "before_first_use": list(before), "total": list(w.total.get(g, []))})
         return rows
 
