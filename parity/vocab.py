@@ -93,6 +93,7 @@ class Fault(StrEnum):
     SHARD_END_EXCLUDED = "shard-end-excluded"
     DISTOPT_SHARDS_REVERSED = "distopt-shards-reversed"
     PREHOOKS_SKIP_EXPERT_GROUPS = "prehooks-skip-expert-groups"
+    GRAD_REDUCE_INTO_COPY = "grad-reduce-into-copy"
 
 
 FIRED: set[Fault] = set()

@@ -107,6 +107,10 @@ CATALOGUE = {
                                         "on both sides: their params are never gathered under overlap "
                                         "(the choice of groups must not set what the gather check "
                                         "expects)", 5),
+    Fault.GRAD_REDUCE_INTO_COPY: ("the LayerWise grads are all-reduced into a copy (as a collective on a "
+                                  "`.contiguous()` of a strided view is), on both sides: every rank keeps "
+                                  "its local grads, owners step on them, and ON == OFF while the params' "
+                                  "replicas agree", 39),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -117,7 +121,7 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
                  Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
-                 Fault.PREHOOKS_SKIP_EXPERT_GROUPS}
+                 Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

@@ -118,6 +118,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # the pre-hooks were given, which no longer expected a gather), say which gathers are missing
     "prehooks-skip-expert-groups": ("w4-moe-overlap", (Expect("mismatch", phase="param_sync", step=0),
                                                        Expect("check", check="param-gather-once", step=0))),
+    # in both stacks (a shared fault): ON == OFF and the owners' params reach every replica; only
+    # the replicas of the all-reduced grads, hashed across the DP group, disagree
+    "grad-reduce-into-copy": ("w4-dense", Expect("check", check="replicas/dp", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""
