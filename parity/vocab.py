@@ -94,6 +94,7 @@ class Fault(StrEnum):
     DISTOPT_SHARDS_REVERSED = "distopt-shards-reversed"
     PREHOOKS_SKIP_EXPERT_GROUPS = "prehooks-skip-expert-groups"
     GRAD_REDUCE_INTO_COPY = "grad-reduce-into-copy"
+    FP8_PARAMS_NOT_BUILT = "fp8-params-not-built"
 
 
 FIRED: set[Fault] = set()

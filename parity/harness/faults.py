@@ -111,6 +111,8 @@ CATALOGUE = {
                                   "`.contiguous()` of a strided view is), on both sides: every rank keeps "
                                   "its local grads, owners step on them, and ON == OFF while the params' "
                                   "replicas agree", 39),
+    Fault.FP8_PARAMS_NOT_BUILT: ("the model is built without FP8 params although FP8 param gather is on: ON "
+                                 "runs OFF's code, so every comparison passes", 40),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a

@@ -121,6 +121,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): ON == OFF and the owners' params reach every replica; only
     # the replicas of the all-reduced grads, hashed across the DP group, disagree
     "grad-reduce-into-copy": ("w4-dense", Expect("check", check="replicas/dp", step=0)),
+    # ON == OFF in every tensor: only the keys ON reports (no FP8 bytes where the scenario asked for
+    # FP8 params) show that the knob never reached the stack
+    "fp8-params-not-built": ("w1-moe", Expect("check", check="dropped-set", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

@@ -58,7 +58,10 @@ class Stack:
     def __init__(self, cfg: StackConfig, groups, device):
         self.cfg, self.groups, self.device = cfg, groups, device
         faults = cfg.faults
-        self.model = GPT(cfg.model, recipe=cfg.recipe, fp8_param=cfg.fp8_param_gather, seed=cfg.seed,
+        fp8_param = cfg.fp8_param_gather
+        if fp8_param and Fault.FP8_PARAMS_NOT_BUILT in faults:
+            fp8_param = False  # the knob not passed on: the stack under test runs the reference's code
+        self.model = GPT(cfg.model, recipe=cfg.recipe, fp8_param=fp8_param, seed=cfg.seed,
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
                          ep_group=groups.ep_group)
         ddp_cfg = cfg.ddp
