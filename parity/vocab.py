@@ -95,6 +95,7 @@ class Fault(StrEnum):
     PREHOOKS_SKIP_EXPERT_GROUPS = "prehooks-skip-expert-groups"
     GRAD_REDUCE_INTO_COPY = "grad-reduce-into-copy"
     FP8_PARAMS_NOT_BUILT = "fp8-params-not-built"
+    GROUP_TAKES_RUN_DISTOPT_FLAG = "group-takes-run-distopt-flag"
 
 
 FIRED: set[Fault] = set()

@@ -143,6 +143,9 @@ class BucketGroup:
         self.buckets, self.faults = buckets, FaultSet(faults)
         # The collective of a group is decided by its head bucket; agreement makes that safe.
         self.use_distributed_optimizer = buckets[0].buffer.config.use_distributed_optimizer
+        if not self.use_distributed_optimizer and buckets[0].buffer.dp > 1 and \
+                Fault.GROUP_TAKES_RUN_DISTOPT_FLAG in self.faults:
+            self.use_distributed_optimizer = True  # the run's DistOpt setting, not the buffer's (s2.3)
         self.group = buckets[0].buffer.group
         self.dp = buckets[0].buffer.dp
         self.params = [p for b in buckets for p in b.params]

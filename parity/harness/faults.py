@@ -113,6 +113,10 @@ CATALOGUE = {
                                   "replicas agree", 39),
     Fault.FP8_PARAMS_NOT_BUILT: ("the model is built without FP8 params although FP8 param gather is on: ON "
                                  "runs OFF's code, so every comparison passes", 40),
+    Fault.GROUP_TAKES_RUN_DISTOPT_FLAG: ("bucket groups take use_distributed_optimizer from the run's DistOpt "
+                                         "setting, not from their buffers', on both sides: LayerWise grads are "
+                                         "reduce-scattered and owners step on partial sums while ON == OFF "
+                                         "and the params' replicas agree", 41),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -123,7 +127,8 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
                  Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
-                 Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY}
+                 Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
+                 Fault.GROUP_TAKES_RUN_DISTOPT_FLAG}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

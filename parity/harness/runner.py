@@ -223,8 +223,11 @@ class LockstepRunner:
         all_reduce_sum(expert_numel, self.groups.ep_group)
         self.trainable_elements = (sum(p.numel() for p in self.test.params if not is_expert_param(p))
                                    + int(expert_numel))
-        self.all_reduced = {self.test.names[p] for p in self.test.params
-                            if not self.test.ddp.group_of[id(p)].use_distributed_optimizer}
+        # Grads each buffer is laid out to all-reduce (its own flag, docs/spec/megatron.md s2.3),
+        # whatever collective the bucket group that carries them runs: a group that reduce-scatters
+        # them leaves the replicas apart, and the replica check sees it.
+        self.all_reduced = {self.test.names[p] for b in self.test.ddp.all_buffers()
+                            if not b.config.use_distributed_optimizer for p in b.params}
         self.result = RankResult(
             rank=self.rank, buffers=self.test.ddp.buffer_report(),
             persistent_bytes={Side.TEST.value: self.test.persistent_bytes(),

@@ -124,6 +124,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # ON == OFF in every tensor: only the keys ON reports (no FP8 bytes where the scenario asked for
     # FP8 params) show that the knob never reached the stack
     "fp8-params-not-built": ("w1-moe", Expect("check", check="dropped-set", step=0)),
+    # in both stacks (a shared fault): the replica check hashes the grads each buffer is laid out
+    # to all-reduce (its own flag), not those its group happens to all-reduce: they disagree
+    "group-takes-run-distopt-flag": ("w4-dense", Expect("check", check="replicas/dp", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""
