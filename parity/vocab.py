@@ -96,6 +96,7 @@ class Fault(StrEnum):
     GRAD_REDUCE_INTO_COPY = "grad-reduce-into-copy"
     FP8_PARAMS_NOT_BUILT = "fp8-params-not-built"
     GROUP_TAKES_RUN_DISTOPT_FLAG = "group-takes-run-distopt-flag"
+    EXPERT_GRADS_SCALED_BY_EXPERT_DP = "expert-grads-scaled-by-expert-dp"
 
 
 FIRED: set[Fault] = set()

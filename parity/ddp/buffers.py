@@ -34,6 +34,10 @@ class BufferConfig:
 
     use_distributed_optimizer: bool
     """Reduce-scatter grads and keep a flat param buffer (DistOpt); else all-reduce grads."""
+    gradient_scaling_factor: float = 1.0
+    """What the grads are multiplied by before the summing collective: 1/DP for dense and expert
+    buffers alike (docs/spec/megatron.md s1.3 step 4), so the sum is the mean over the DP ranks'
+    batches although an expert buffer sums over the smaller expert-DP group only."""
 
 
 class Bucket:
@@ -153,7 +157,7 @@ class BucketGroup:
         self.ready: set = set()
         self.grad_handles = None
         self.rs_outputs = None
-        self.scaling = 1.0 / self.dp
+        self.scaling = buckets[0].buffer.config.gradient_scaling_factor
         self.is_layer_wise = any(b.buffer.key.is_layer_wise for b in buckets)
         # Overlapped param gather state.
         self.param_gather_dispatched = False

@@ -39,15 +39,21 @@ class DDP:
             model.named_parameters(), merge_layerwise_fp8_grads=config.merge_layerwise_fp8_grads,
             honor_use_muon=not (opted_out and Fault.ROUTING_PREDICATE_MISMATCH in self.faults))
         self.buffers, self.expert_buffers = [], []
+        data_parallel = dist.get_world_size(dp_group)
         for key, params in groups.items():
             group = expt_dp_group if key.is_expert else dp_group
             dp = dist.get_world_size(group)
+            # 1/DP for expert grads too: through the all-to-all, the expert-DP group's ranks
+            # together already hold every DP rank's tokens (docs/spec/megatron.md s1.3 step 4).
+            scale = 1.0 / data_parallel
+            if dp != data_parallel and Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP in self.faults:
+                scale = 1.0 / dp  # the size of the group that sums them
             if key.is_layer_wise and config.layout == "compact":
-                lay, cfg = compact_layout(params, config.bucket_size), BufferConfig(False)
+                lay, cfg = compact_layout(params, config.bucket_size), BufferConfig(False, scale)
             elif key.is_layer_wise:
-                lay, cfg = padded_layer_wise_layout(params, config.bucket_size, dp), BufferConfig(True)
+                lay, cfg = padded_layer_wise_layout(params, config.bucket_size, dp), BufferConfig(True, scale)
             else:
-                lay, cfg = distopt_layout(params, config.bucket_size, dp), BufferConfig(True)
+                lay, cfg = distopt_layout(params, config.bucket_size, dp), BufferConfig(True, scale)
             buf = ParamAndGradBuffer(key, params, lay, cfg, group, device)
             (self.expert_buffers if key.is_expert else self.buffers).append(buf)
         self.bucket_groups, self.chains = [], []

@@ -117,6 +117,9 @@ CATALOGUE = {
                                          "setting, not from their buffers', on both sides: LayerWise grads are "
                                          "reduce-scattered and owners step on partial sums while ON == OFF "
                                          "and the params' replicas agree", 41),
+    Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP: ("expert grads scaled by 1/expert-DP (the group that sums them) instead "
+                                             "of 1/DP, on both sides: at EP > 1 they are EP times too large, and "
+                                             "every check passes", 42),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -128,12 +131,12 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
                  Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
-                 Fault.GROUP_TAKES_RUN_DISTOPT_FLAG}
+                 Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see
 them."""
-GOLDEN_ONLY_FAULTS = {Fault.MASTER_LOSES_QKV_SPLIT}
+GOLDEN_ONLY_FAULTS = {Fault.MASTER_LOSES_QKV_SPLIT, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP}
 """Shared faults that every in-run check passes: only a golden of this platform sees them (their
 selftest cases expect a golden difference and nothing else)."""
 

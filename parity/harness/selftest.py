@@ -127,6 +127,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): the replica check hashes the grads each buffer is laid out
     # to all-reduce (its own flag), not those its group happens to all-reduce: they disagree
     "group-takes-run-distopt-flag": ("w4-dense", Expect("check", check="replicas/dp", step=0)),
+    # in both stacks (a shared fault): every in-run check passes; the golden's expert grads differ
+    # (tests/integration/test_scenarios.py also sets EP 1, 2 and 4 against each other)
+    "expert-grads-scaled-by-expert-dp": ("w4-moe", Expect("golden", phase="grad_reduce", step=0, tensor="experts")),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

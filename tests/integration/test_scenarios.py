@@ -5,12 +5,15 @@ without any golden fails: the suite cannot go green without checking one. A scen
 configuration another scenario runs for at least as many steps (the quick set's cases, mostly) is
 not run twice: its goldens must equal that scenario's, bit for bit."""
 
+import dataclasses
+
 import pytest
 
 from parity.harness import golden, goldens_cli
 from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
-from parity.harness.scenario import load_all
+from parity.harness.faults import parse_injection
+from parity.harness.scenario import load_all, load_set
 
 SCENARIOS = load_all()
 CI_STEPS = 8
@@ -104,3 +107,30 @@ def test_a_covered_scenarios_goldens_equal_its_coverers(name):
         assert c.status == "pass" and c.steps == rec.steps == short.steps, c.messages()
         assert sum(c.n_compared.values()) > 0
         assert all(r.loss[: rec.steps] == cover_rec.ranks[k].loss[: rec.steps] for k, r in rec.ranks.items())
+
+
+def _step0_loss_and_norm(base, ep: int, injections=()) -> tuple:
+    s = dataclasses.replace(base, ep=ep, steps=1, name=f"{base.name}-ep{ep}")
+    entry, _ = run_scenario(s, RunOptions(progress=False, snapshot="none", golden_digests=False,
+                                          injections=injections))
+    assert entry["status"] == "pass", (entry.get("error"), entry.get("failed_checks"))
+    return entry["loss"][0]["bits"], float(entry["optimizer"][0]["grad_norm"]).hex()
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(4)
+def test_the_first_steps_loss_and_grad_norm_do_not_depend_on_ep():
+    """One model on 4 ranks at EP 1, 2 and 4: the forward gives every token the same math, and the
+    expert grads, summed over the expert-DP group but scaled by 1/DP (docs/spec/megatron.md s1.3
+    step 4), are the same grads, so step 0's loss and grad norm are the same bits (measured: the
+    expert block dots here are exact, so the token order does not round). A shared bug that moves
+    ON and OFF alike but depends on EP shows here without a golden: scaling the expert grads by
+    the expert-DP group's size (s5 item 42, injected into both sides) makes them EP times too
+    large."""
+    base = next(s for s in load_set("quick") if s.name == "quick-w4-moe")
+    clean = {ep: _step0_loss_and_norm(base, ep) for ep in (1, 2, 4)}
+    assert clean[1] == clean[2] == clean[4], clean
+    fault = (parse_injection("expert-grads-scaled-by-expert-dp"),)
+    faulty = {ep: _step0_loss_and_norm(base, ep, fault) for ep in (1, 2)}
+    assert faulty[1] == clean[1]  # at EP 1 expert-DP is DP: the fault changes nothing
+    assert faulty[2][0] == clean[2][0] and faulty[2][1] != clean[2][1], (clean, faulty)  # same loss, larger norm
