@@ -97,6 +97,7 @@ class Fault(StrEnum):
     FP8_PARAMS_NOT_BUILT = "fp8-params-not-built"
     GROUP_TAKES_RUN_DISTOPT_FLAG = "group-takes-run-distopt-flag"
     EXPERT_GRADS_SCALED_BY_EXPERT_DP = "expert-grads-scaled-by-expert-dp"
+    ZERO_GRAD_SKIPS_DENSE_BUFFERS = "zero-grad-skips-dense-buffers"
 
 
 FIRED: set[Fault] = set()

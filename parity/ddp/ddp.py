@@ -83,7 +83,10 @@ class DDP:
         return [b.report() for b in self.all_buffers()]
 
     def zero_grad_buffer(self):
-        for b in self.all_buffers():
+        buffers = self.all_buffers()
+        if self.buffers and Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS in self.faults:
+            buffers = self.expert_buffers  # the dense ones keep the last step's reduced grads
+        for b in buffers:
             b.grad_data.zero_()
         for g in self.bucket_groups:
             g.ready.clear()

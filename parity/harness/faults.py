@@ -120,6 +120,9 @@ CATALOGUE = {
     Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP: ("expert grads scaled by 1/expert-DP (the group that sums them) instead "
                                              "of 1/DP, on both sides: at EP > 1 they are EP times too large, and "
                                              "every check passes", 42),
+    Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS: ("the grad zeroing at the start of a step skips the dense buffers, on "
+                                          "both sides: bf16 grads accumulate onto the last step's while an FP8 "
+                                          "weight's first-microbatch wgrad overwrites and hides it", 43),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -131,7 +134,8 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
                  Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
-                 Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP}
+                 Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
+                 Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

@@ -582,12 +582,21 @@ class LockstepRunner:
         once over the ranks (docs/spec/megatron.md s2.14). After the params were consumed by the
         next forward (before its optimizer step moves the masters): every param this rank holds
         a master for holds that master rounded to its dtype, i.e. the rank stepped the region
-        the sync gave it (s2.8)."""
+        the sync gave it (s2.8); and every grad buffer is zero before that step's backward."""
         if phase == Phase.OPTIMIZER and stack.last_grad_stats is not None:
             counted = stack.last_grad_stats.elements
             self._check(step, "grad-norm-counts-once", counted == self.trainable_elements,
                         f"step {step}/{side.value}: the grad norm counted {counted} elements over the ranks, "
                         f"the model has {self.trainable_elements}")
+        if phase == Phase.PARAM_SYNC and stack.capture_at_consumption and not self.flushing:
+            # Reported at the end of the step's first forward, before its backward: the step's
+            # zeroing and (under overlap) the pre-hooks' copy-back left every grad buffer empty,
+            # or the first backward accumulates onto what is left (a bf16 grad does; an FP8
+            # weight's first-microbatch wgrad overwrites and hides it).
+            dirty = [i for i, b in enumerate(stack.ddp.all_buffers()) if bool(b.grad_data.any())]
+            self._check(step, "grads-zero-before-backward", not dirty,
+                        f"step {step + 1}/{side.value}/rank {self.rank}: {len(dirty)} grad buffer(s) not zero "
+                        f"after the first forward, before the backward (buffers {dirty[:4]})")
         if phase == Phase.PARAM_SYNC:
             bad = [name for name, values, master in stack.master_pairs()
                    if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]

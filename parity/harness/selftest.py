@@ -130,6 +130,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): every in-run check passes; the golden's expert grads differ
     # (tests/integration/test_scenarios.py also sets EP 1, 2 and 4 against each other)
     "expert-grads-scaled-by-expert-dp": ("w4-moe", Expect("golden", phase="grad_reduce", step=0, tensor="experts")),
+    # in both stacks (a shared fault): ON == OFF; the buffers, read before the next backward, are
+    # not empty (recorded at step 0: the params of step 0 are what that forward consumed)
+    "zero-grad-skips-dense-buffers": ("w4-dense", Expect("check", check="grads-zero-before-backward", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""
