@@ -98,6 +98,7 @@ class Fault(StrEnum):
     GROUP_TAKES_RUN_DISTOPT_FLAG = "group-takes-run-distopt-flag"
     EXPERT_GRADS_SCALED_BY_EXPERT_DP = "expert-grads-scaled-by-expert-dp"
     ZERO_GRAD_SKIPS_DENSE_BUFFERS = "zero-grad-skips-dense-buffers"
+    SAVE_COPIES_INTO_LIVE_STATE = "save-copies-into-live-state"
 
 
 FIRED: set[Fault] = set()

@@ -32,8 +32,8 @@ from parity.harness.faults import bump_one_ulp
 from parity.harness.scenario import Scenario
 from parity.harness.snapshot import tensor_sha256
 from parity.harness.timing import PhaseClock, profile_file
-from parity.model import is_expert_param, is_layer_wise_managed
-from parity.optim.stack import Stack
+from parity.model import is_expert_param, is_layer_wise_managed, is_quantized_param
+from parity.optim.stack import Stack, fp8_parts
 from parity.vocab import FIRED, STEP_PHASES, Phase, Side
 
 MAX_MESSAGES = 50
@@ -300,8 +300,15 @@ class LockstepRunner:
             self._grad_buffer_check(step)  # (the next step zeroes the buffers: read it now)
             from parity.harness.resume import save_pair
 
+            before = {side: _live_state_digests(stack) for side, stack in self._stacks().items()}
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
                                                self.device)
+            for side, stack in self._stacks().items():
+                moved = sorted(k for k, h in _live_state_digests(stack).items() if before[side].get(k) != h)
+                moved += sorted(set(before[side]) - set(_live_state_digests(stack)))
+                self._check(step, "save-leaves-state", not moved,
+                            f"step {step}/{side.value}/rank {self.rank}: the checkpoint save changed {len(moved)} live "
+                            f"tensor(s) of the stack, first {moved[:3]}")
             self.clock.harness_done(step, "checkpoint")
         self._close_ready_steps()
         res = self.result  # (this step closes only in the next forward: not waited for)
@@ -747,6 +754,18 @@ def _check_dropped_set(live, ref, pinned_drop, step, check, expect_drop):
 
 
 _EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+
+
+def _live_state_digests(stack) -> dict:
+    """sha256 of every param (an FP8 one by its FP8 parts) and every optimizer tensor (masters,
+    moments), read from the stack directly, not through the checkpoint code: a save must leave
+    them as they were."""
+    live = {}
+    for p in stack.params:
+        name = stack.names[p]
+        live.update(fp8_parts(name, p.qt) if is_quantized_param(p) else {name: p.data})
+    live.update(stack.optimizer_state())
+    return {k: tensor_sha256(v) for k, v in live.items()}
 
 
 def _is_expert_name(k: str) -> bool:

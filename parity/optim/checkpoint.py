@@ -207,6 +207,9 @@ def _distopt_state(stack, prefix: str) -> dict:
             chunk = torch.zeros(hi - lo, dtype=torch.float32, device=buf.grad_data.device)
             for pc in pieces:
                 s = pc.lo - b.start - lo
+                if key != "master" and Fault.SAVE_COPIES_INTO_LIVE_STATE in stack.cfg.faults:
+                    _piece_state(stack, pc, key).copy_(chunk[s:s + (pc.hi - pc.lo)])  # the copy reversed
+                    continue
                 chunk[s:s + (pc.hi - pc.lo)].copy_(_piece_state(stack, pc, key))
             out[f"{prefix}distopt/{tag}/bucket{bi}/{key}"] = _sharded(chunk, lo, buf, b, extent)
     steps = {do.optimizer.state[pc.master]["step"] for pc in do.pieces
