@@ -99,6 +99,7 @@ class Fault(StrEnum):
     EXPERT_GRADS_SCALED_BY_EXPERT_DP = "expert-grads-scaled-by-expert-dp"
     ZERO_GRAD_SKIPS_DENSE_BUFFERS = "zero-grad-skips-dense-buffers"
     SAVE_COPIES_INTO_LIVE_STATE = "save-copies-into-live-state"
+    LOAD_REBINDS_MASTERS = "load-rebinds-masters"
 
 
 FIRED: set[Fault] = set()

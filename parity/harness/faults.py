@@ -126,6 +126,10 @@ CATALOGUE = {
     Fault.SAVE_COPIES_INTO_LIVE_STATE: ("the checkpoint save assembles Adam's moments with the copy reversed, on "
                                         "both sides: it zeroes the live moments and saves zeros, so the resumed "
                                         "run equals the uninterrupted one and ON == OFF", 44),
+    Fault.LOAD_REBINDS_MASTERS: ("the checkpoint load fills new LayerWise master tensors and points the stack at "
+                                 "them while Muon keeps stepping the old ones, on both sides: the matrices "
+                                 "stop training after the load, ON == OFF, and a resharded load saved "
+                                 "again equals its checkpoint", 45),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -138,7 +142,7 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
                  Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
                  Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
-                 Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS, Fault.SAVE_COPIES_INTO_LIVE_STATE}
+                 Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS, Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

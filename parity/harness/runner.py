@@ -252,6 +252,8 @@ class LockstepRunner:
             from parity.harness.resume import resume_pair
 
             start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
+            for side, stack in self._stacks().items():
+                self._optimizer_targets_check(start, side, stack)
             self.clock.harness_done(start, "checkpoint")  # the load, not the first step's forward
         for step in range(start, steps):
             self._run_step(step)
@@ -517,6 +519,8 @@ class LockstepRunner:
     # -- checks ----------------------------------------------------------------------------
     def _construction_checks(self) -> None:
         test, groups = self.test, self.groups
+        for side, stack in self._stacks().items():
+            self._optimizer_targets_check(-1, side, stack)
         # Ownership must be one table on every rank (all-gathered and compared).
         for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
             tables = all_gather_object(test.layerwise.ownership_table(expert), group)
@@ -610,6 +614,21 @@ class LockstepRunner:
             self._check(step, "params-hold-masters", not bad,
                         f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's "
                         f"rounding after the param sync, first {bad[:3]}")
+
+    def _optimizer_targets_check(self, step: int, side: Side, stack: Stack) -> None:
+        """The tensors each optimizer steps (its own param lists) are the masters the stack holds
+        and copies into the params: after construction and after a checkpoint load, which may
+        fill new tensors (docs/spec/megatron.md s5 item 45)."""
+        def stepped(opt):
+            return {id(t) for g in opt.param_groups for t in g["params"]} if opt is not None else set()
+
+        lw, do = stack.layerwise, stack.distopt
+        ok = (stepped(lw.muon) == {id(m) for m in lw.masters.values()}
+              and stepped(do.optimizer) == {id(pc.master) for pc in do.pieces})
+        self._check(step, "optimizers-step-masters", ok,
+                    f"step {step}/{side.value}/rank {self.rank}: an optimizer steps tensors other than the masters "
+                    f"the stack holds (Muon: {len(stepped(lw.muon))} stepped, {len(lw.masters)} held; Adam: "
+                    f"{len(stepped(do.optimizer))} stepped, {len(do.pieces)} pieces)")
 
     def _grad_buffer_check(self, step: int) -> None:
         """After a forced param sync (each step in the force_sync pair; before a checkpoint save):

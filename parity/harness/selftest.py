@@ -136,6 +136,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): the save changed what training holds, so the resumed run
     # and the uninterrupted one agree; the state read around the save (not through it) moved
     "save-copies-into-live-state": ("w4-padded-gap-shard-resume", Expect("check", check="save-leaves-state", step=0)),
+    # in both stacks (a shared fault), on a resharded load: the optimizers' own param lists, set
+    # against the masters the stack holds, show that Muon steps tensors nothing reads
+    "load-rebinds-masters": ("w2-to-w4-reshard", Expect("check", check="optimizers-step-masters", step=1)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

@@ -257,11 +257,13 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
         owners[p] = (r, torch.zeros((), dtype=torch.int64))
         _need(saved, key, owners[p][1])
         tgt[key] = owners[p][1]
-    muon_state = {}
+    muon_state, rebound = {}, {}
     for p, m in lw.masters.items():
         name = stack.names[p]
         if m is not p:
             _need(saved, f"{prefix}layerwise/{name}.master", m)
+            if Fault.LOAD_REBINDS_MASTERS in stack.cfg.faults:
+                m = rebound[p] = torch.empty_like(m)  # loaded into a new tensor the optimizer never sees
             tgt[f"{prefix}layerwise/{name}.master"] = m
         head = f"{prefix}layerwise/{name}."
         for key in saved:
@@ -292,6 +294,8 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
         tgt[step_key] = adam_step
 
     def finish() -> dict:
+        for p, m in rebound.items():  # the stack's references move to the new tensors; Muon's do not
+            lw.masters[p] = p.main_param = m
         moved = {p for p, (r, saved_r) in owners.items() if int(saved_r) != r}
         for (p, k), v in muon_state.items():
             if p in moved and Fault.RESHARD_DROPS_MOVED_MOMENTUM in stack.cfg.faults:
