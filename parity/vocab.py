@@ -100,6 +100,7 @@ class Fault(StrEnum):
     ZERO_GRAD_SKIPS_DENSE_BUFFERS = "zero-grad-skips-dense-buffers"
     SAVE_COPIES_INTO_LIVE_STATE = "save-copies-into-live-state"
     LOAD_REBINDS_MASTERS = "load-rebinds-masters"
+    WGRAD_OVERWRITES_EVERY_MICROBATCH = "wgrad-overwrites-every-microbatch"
 
 
 FIRED: set[Fault] = set()

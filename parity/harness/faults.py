@@ -130,6 +130,9 @@ CATALOGUE = {
                                  "them while Muon keeps stepping the old ones, on both sides: the matrices "
                                  "stop training after the load, ON == OFF, and a resharded load saved "
                                  "again equals its checkpoint", 45),
+    Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH: ("an FP8 linear's fused wgrad overwrites main_grad on every "
+                                              "microbatch, not on the first only, on both sides: each weight "
+                                              "keeps the last microbatch's grad", 46),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -142,12 +145,14 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
                  Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
                  Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
-                 Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS, Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS}
+                 Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS, Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS,
+                 Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see
 them."""
-GOLDEN_ONLY_FAULTS = {Fault.MASTER_LOSES_QKV_SPLIT, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP}
+GOLDEN_ONLY_FAULTS = {Fault.MASTER_LOSES_QKV_SPLIT, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
+                      Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH}
 """Shared faults that every in-run check passes: only a golden of this platform sees them (their
 selftest cases expect a golden difference and nothing else)."""
 

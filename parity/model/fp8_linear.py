@@ -98,6 +98,8 @@ class _FP8LinearFn(torch.autograd.Function):
         rows = x2.shape[0]
         ctx.layer, ctx.x_shape, ctx.qw = layer, x.shape, qw
         ctx.overwrite_wgrad = layer.is_first_microbatch is True
+        if layer.is_first_microbatch is False and Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH in layer.faults:
+            ctx.overwrite_wgrad = True  # the accumulated microbatches are lost
         if x2.shape[0] == 0:  # an expert that got no tokens still reports a (zero) gradient
             ctx.qx = None
             return x.new_empty(*x.shape[:-1], layer.out_features)

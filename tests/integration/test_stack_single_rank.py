@@ -238,3 +238,27 @@ def test_a_compared_phase_holds_no_tensors_while_its_step_waits(single_rank):
     assert "optimizer" in done and "param_sync" not in done
     assert all(not st.ref[ph].tensors and not st.test[ph].tensors for ph in done)
     assert 0 not in runner.states  # step 0 closed in step 1's forward
+
+
+def test_two_microbatches_of_one_batch_accumulate_one_microbatchs_grads(single_rank, monkeypatch):
+    """Each of M microbatches backpropagates loss/M; with M = 2 copies of one batch the halving is
+    exact (a power of two: the FP8 scales absorb it), so the accumulated main_grads are the bits of
+    one microbatch of that batch. A shared accumulation bug that moves ON and OFF alike shows here
+    without a golden: a fused wgrad that overwrites main_grad on every microbatch, not only the
+    first (docs/spec/te.md s9; spec s5 item 46), keeps half of each FP8 weight's grad."""
+    import parity.optim.stack as stack_module
+
+    one_batch = stack_module.batch
+    monkeypatch.setattr(stack_module, "batch", lambda *a, microbatch=0, **k: one_batch(*a, microbatch=0, **k))
+
+    def reduced_grads(microbatches, injections=()):
+        res = run(single_rank, steps=1, microbatches=microbatches, digests=True, injections=injections)
+        assert not any(failures(res)), failures(res)
+        return {k: v for k, v in res["golden"]["digests"][0].items() if k.startswith("grad_reduce/")}
+
+    once = reduced_grads(1)
+    assert once and reduced_grads(2) == once
+    lost = reduced_grads(2, [Injection("fault", name=Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH)])
+    model = GPT(make_scenario({"name": "t"}).model_config(), recipe="blockwise", fp8_param=True, seed=0)
+    fp8 = {f"grad_reduce/{n}" for n, p in model.named_parameters() if is_quantized_param(p)}
+    assert fp8 and {k for k in once if lost[k] != once[k]} == fp8  # exactly the FP8 linears' weights
