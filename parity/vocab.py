@@ -101,6 +101,7 @@ class Fault(StrEnum):
     SAVE_COPIES_INTO_LIVE_STATE = "save-copies-into-live-state"
     LOAD_REBINDS_MASTERS = "load-rebinds-masters"
     WGRAD_OVERWRITES_EVERY_MICROBATCH = "wgrad-overwrites-every-microbatch"
+    CHECKPOINT_CHUNKS_REVERSED = "checkpoint-chunks-reversed"
 
 
 FIRED: set[Fault] = set()

@@ -133,6 +133,10 @@ CATALOGUE = {
     Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH: ("an FP8 linear's fused wgrad overwrites main_grad on every "
                                               "microbatch, not on the first only, on both sides: each weight "
                                               "keeps the last microbatch's grad", 46),
+    Fault.CHECKPOINT_CHUNKS_REVERSED: ("the checkpoint writes each rank's DistOpt chunk back to front and the "
+                                       "load reads it so, on both sides: a load at the same DP size is "
+                                       "unchanged, a resharded one scrambles the masters and moments while "
+                                       "saving it again gives the checkpoint back", 47),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -146,7 +150,7 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
                  Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
                  Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
                  Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS, Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS,
-                 Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH}
+                 Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH, Fault.CHECKPOINT_CHUNKS_REVERSED}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

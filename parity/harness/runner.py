@@ -254,6 +254,7 @@ class LockstepRunner:
             start, self.result.resume = resume_pair(self.opts, self.scenario, self._stacks(), self.device)
             for side, stack in self._stacks().items():
                 self._optimizer_targets_check(start, side, stack)
+                self._masters_check(start, side, stack, "after the checkpoint load")
             self.clock.harness_done(start, "checkpoint")  # the load, not the first step's forward
         for step in range(start, steps):
             self._run_step(step)
@@ -609,11 +610,16 @@ class LockstepRunner:
                         f"step {step + 1}/{side.value}/rank {self.rank}: {len(dirty)} grad buffer(s) not zero "
                         f"after the first forward, before the backward (buffers {dirty[:4]})")
         if phase == Phase.PARAM_SYNC:
-            bad = [name for name, values, master in stack.master_pairs()
-                   if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
-            self._check(step, "params-hold-masters", not bad,
-                        f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's "
-                        f"rounding after the param sync, first {bad[:3]}")
+            self._masters_check(step, side, stack, "after the param sync")
+
+    def _masters_check(self, step: int, side: Side, stack: Stack, when: str) -> None:
+        """Every param this rank holds an fp32 master for holds that master rounded to its dtype
+        (docs/spec/megatron.md s2.8): after each param sync, and after a checkpoint load."""
+        bad = [name for name, values, master in stack.master_pairs()
+               if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
+        self._check(step, "params-hold-masters", not bad,
+                    f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's "
+                    f"rounding {when}, first {bad[:3]}")
 
     def _optimizer_targets_check(self, step: int, side: Side, stack: Stack) -> None:
         """The tensors each optimizer steps (its own param lists) are the masters the stack holds

@@ -211,6 +211,8 @@ def _distopt_state(stack, prefix: str) -> dict:
                     _piece_state(stack, pc, key).copy_(chunk[s:s + (pc.hi - pc.lo)])  # the copy reversed
                     continue
                 chunk[s:s + (pc.hi - pc.lo)].copy_(_piece_state(stack, pc, key))
+            if Fault.CHECKPOINT_CHUNKS_REVERSED in stack.cfg.faults:
+                chunk = chunk.flip(0)  # written back to front (the load reads it so: no change at one DP size)
             out[f"{prefix}distopt/{tag}/bucket{bi}/{key}"] = _sharded(chunk, lo, buf, b, extent)
     steps = {do.optimizer.state[pc.master]["step"] for pc in do.pieces
              if do.optimizer is not None and "step" in do.optimizer.state.get(pc.master, {})}
@@ -305,6 +307,8 @@ def load_targets(stack, saved: Mapping[str, object], prefix: str = ""):
             for pc in _bucket_pieces(stack, buf, b):
                 s = pc.lo - b.start - lo
                 src = local[s:s + (pc.hi - pc.lo)]
+                if Fault.CHECKPOINT_CHUNKS_REVERSED in stack.cfg.faults:
+                    src = local.flip(0)[s:s + (pc.hi - pc.lo)]
                 if key == "master":
                     pc.master.copy_(src)
                     continue
