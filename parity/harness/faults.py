@@ -155,7 +155,7 @@ SHARED_FAULTS = {Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, 
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see
 them."""
-GOLDEN_ONLY_FAULTS = {Fault.MASTER_LOSES_QKV_SPLIT, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
+GOLDEN_ONLY_FAULTS = {Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
                       Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH}
 """Shared faults that every in-run check passes: only a golden of this platform sees them (their
 selftest cases expect a golden difference and nothing else)."""

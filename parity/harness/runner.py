@@ -623,8 +623,9 @@ class LockstepRunner:
 
     def _optimizer_targets_check(self, step: int, side: Side, stack: Stack) -> None:
         """The tensors each optimizer steps (its own param lists) are the masters the stack holds
-        and copies into the params: after construction and after a checkpoint load, which may
-        fill new tensors (docs/spec/megatron.md s5 item 45)."""
+        and copies into the params, and a LayerWise master carries the fused-QKV split Muon reads
+        from it, as its param does: after construction and after a checkpoint load, which may fill
+        new tensors (docs/spec/megatron.md s5 items 31, 45)."""
         def stepped(opt):
             return {id(t) for g in opt.param_groups for t in g["params"]} if opt is not None else set()
 
@@ -635,6 +636,11 @@ class LockstepRunner:
                     f"step {step}/{side.value}/rank {self.rank}: an optimizer steps tensors other than the masters "
                     f"the stack holds (Muon: {len(stepped(lw.muon))} stepped, {len(lw.masters)} held; Adam: "
                     f"{len(stepped(do.optimizer))} stepped, {len(do.pieces)} pieces)")
+        apart = [stack.names[p] for p, m in lw.masters.items()  # (no split on the param: none on its master)
+                 if getattr(m, "qkv_split_shapes", None) != getattr(p, "qkv_split_shapes", None)]
+        self._check(step, "masters-carry-qkv-split", not apart,
+                    f"step {step}/{side.value}/rank {self.rank}: {len(apart)} master(s) whose fused-QKV split "
+                    f"differs from their param's, first {apart[:3]}")
 
     def _grad_buffer_check(self, step: int) -> None:
         """After a forced param sync (each step in the force_sync pair; before a checkpoint save):

@@ -471,8 +471,8 @@ def _shipped_default_or_approx() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.ranks(4)
 def test_run_checks_the_shipped_golden_by_default_and_a_shared_bug_fails_it(tmp_path):
-    """A bug both sides share (a catalogued shared fault: the fp32 master drops the fused QKV
-    split) passes every in-run check; the shipped golden is what fails it."""
+    """A bug both sides share (a catalogued shared fault: the expert grads scaled by the expert-DP
+    size, EP times too large) passes every in-run check; the shipped golden is what fails it."""
     extra = _shipped_default_or_approx()
     r = parity("run", "--steps", "3", "--quiet", "--out", tmp_path / "ok", *extra)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -483,21 +483,22 @@ def test_run_checks_the_shipped_golden_by_default_and_a_shared_bug_fails_it(tmp_
     if extra:
         print(r.stdout)  # the drift table of the approximate tier
         return
-    r = parity("run", "--steps", "3", "--quiet", "--out", tmp_path / "bug", "--inject", "master-loses-qkv-split")
+    r = parity("run", "--steps", "3", "--quiet", "--out", tmp_path / "bug", "--inject",
+               "expert-grads-scaled-by-expert-dp")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "default[steps=3]: PASS" in r.stdout and "golden fail" in r.stdout  # ON == OFF still holds
     (e,) = json.loads((tmp_path / "bug" / "report.json").read_text())["scenarios"]
     assert e["failed_checks"] == [] and e["first_divergence"] is None
-    first = e["golden_detail"]["first"]  # on the rank that owns (steps) that master
+    first = e["golden_detail"]["first"]  # on a rank that holds that expert
     assert e["golden"] == "fail" and first.pop("rank") in range(4) and first == {
-        "step": 0, "phase": "optimizer", "tensor": "layers.0.attn.qkv.weight.master", "reason": "digest"}
+        "step": 0, "phase": "grad_reduce", "tensor": "layers.1.mlp.experts.0.fc1.weight", "reason": "digest"}
     summary = (tmp_path / "bug" / "summary.md").read_text()
-    assert "| fail: differs from default/" in summary and "step 0 / optimizer / layers.0.attn.qkv" in summary
+    assert "| fail: differs from default/" in summary and "step 0 / grad_reduce / layers.1.mlp.experts" in summary
     # without the golden nothing sees it: the run passes, and says before it starts that it cannot tell
     r = parity("run", "--steps", "1", "--quiet", "--golden", "off", "--out", tmp_path / "off", "--inject",
-               "master-loses-qkv-split")
+               "expert-grads-scaled-by-expert-dp")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert ("note: --inject master-loses-qkv-split: only a golden of this platform can see it, and "
+    assert ("note: --inject expert-grads-scaled-by-expert-dp: only a golden of this platform can see it, and "
             "default[steps=1] is checked against none") in r.stdout
 
 
