@@ -307,8 +307,8 @@ class LockstepRunner:
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
                                                self.device)
             for side, stack in self._stacks().items():
-                moved = sorted(k for k, h in _live_state_digests(stack).items() if before[side].get(k) != h)
-                moved += sorted(set(before[side]) - set(_live_state_digests(stack)))
+                after = _live_state_digests(stack)
+                moved = sorted(k for k in set(before[side]) | set(after) if before[side].get(k) != after.get(k))
                 self._check(step, "save-leaves-state", not moved,
                             f"step {step}/{side.value}/rank {self.rank}: the checkpoint save changed {len(moved)} live "
                             f"tensor(s) of the stack, first {moved[:3]}")
