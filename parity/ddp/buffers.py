@@ -217,6 +217,14 @@ class BucketGroup:
 
     # -- param gather (overlap_param_gather) -----------------------------------------------
     @property
+    def holds_fp8_distopt(self) -> bool:
+        """Whether a bucket of this group holds FP8 DistOpt params: their gather is an optimizer
+        step (requantize from the gathered bf16 masters), which the optimizer does right after its
+        step, not a forward pre-hook (docs/spec/megatron.md s2.16)."""
+        return any(b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
+                   for b in self.buckets)
+
+    @property
     def gathers_params(self) -> bool:
         """Whether a param sync of this group moves data: at DP > 1 every one of its params has
         one owner in the group, so a gather always carries some. Decided by the group alone, not

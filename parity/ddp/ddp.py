@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist
 
 from parity.ddp.buffers import (
@@ -133,7 +132,7 @@ class DDP:
         optimizer step a pre-hook cannot do (docs/spec/megatron.md s2.16)."""
         if not self.config.overlap_param_gather:
             return []
-        groups = [g for g in self.bucket_groups if not _holds_fp8_distopt(g)]
+        groups = [g for g in self.bucket_groups if not g.holds_fp8_distopt]
         if any(_is_expert(g) and g.gathers_params for g in groups) and Fault.PREHOOKS_SKIP_EXPERT_GROUPS in self.faults:
             groups = [g for g in groups if not _is_expert(g)]  # the expert chain left out
         return groups
@@ -142,7 +141,7 @@ class DDP:
         """Buckets the optimizer gathers right after its step even under overlap (see above)."""
         if not self.config.overlap_param_gather:
             return set()
-        return {b for g in self.bucket_groups if _holds_fp8_distopt(g) for b in g.buckets}
+        return {b for g in self.bucket_groups if g.holds_fp8_distopt for b in g.buckets}
 
     def enable_forward_pre_hook(self):
         if self._pre_hooks:
@@ -153,7 +152,7 @@ class DDP:
             if first is not None and Fault.PREHOOKS_NOT_REGISTERED in self.faults:
                 skipped = first
         hooked = self.param_gather_groups()  # not the groups the optimizer gathers right after its step
-        if any(_holds_fp8_distopt(g) for g in self.bucket_groups) and Fault.PREHOOKS_ON_EAGER_GROUPS in self.faults:
+        if any(g.holds_fp8_distopt for g in self.bucket_groups) and Fault.PREHOOKS_ON_EAGER_GROUPS in self.faults:
             hooked = self.bucket_groups  # their raw FP8 bytes re-gathered: the unmodelled byte route
         for m in self.model.modules():
             groups = []
@@ -232,8 +231,3 @@ class DDP:
 
 def _is_expert(g) -> bool:
     return g.buckets[0].buffer.key.is_expert  # a group never mixes expert and dense buckets
-
-
-def _holds_fp8_distopt(g) -> bool:
-    return any(b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
-               for b in g.buckets)

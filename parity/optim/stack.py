@@ -274,10 +274,8 @@ class Stack:
         rows = []
         for i, g in enumerate(self.ddp.bucket_groups):
             first, before = w.first_use.get(g, (None, []))
-            eager = any(b.buffer.key.param_dtype == torch.uint8 and b.buffer.config.use_distributed_optimizer
-                        for b in g.buckets)
             rows.append({"group": i, "first_param": first or self.names[g.params[-1]],
-                         "used": first is not None, "by": OPTIMIZER if eager else w.source,
+                         "used": first is not None, "by": OPTIMIZER if g.holds_fp8_distopt else w.source,
                          "expect": 1 if g.gathers_params else 0,
                          "before_first_use": list(before), "total": list(w.total.get(g, []))})
         return rows
