@@ -95,6 +95,7 @@ class Fault(StrEnum):
     PREHOOKS_SKIP_EXPERT_GROUPS = "prehooks-skip-expert-groups"
     GRAD_REDUCE_INTO_COPY = "grad-reduce-into-copy"
     FP8_PARAMS_NOT_BUILT = "fp8-params-not-built"
+    EXPERT_FP8_PARAMS_NOT_BUILT = "expert-fp8-params-not-built"
     GROUP_TAKES_RUN_DISTOPT_FLAG = "group-takes-run-distopt-flag"
     EXPERT_GRADS_SCALED_BY_EXPERT_DP = "expert-grads-scaled-by-expert-dp"
     ZERO_GRAD_SKIPS_DENSE_BUFFERS = "zero-grad-skips-dense-buffers"

@@ -113,6 +113,9 @@ CATALOGUE = {
                                   "replicas agree", 39),
     Fault.FP8_PARAMS_NOT_BUILT: ("the model is built without FP8 params although FP8 param gather is on: ON "
                                  "runs OFF's code, so every comparison passes", 40),
+    Fault.EXPERT_FP8_PARAMS_NOT_BUILT: ("the expert layers are built without FP8 params (the knob reaches the dense "
+                                        "layers only): ON's experts keep bf16 weights and quantize them on the "
+                                        "fly as OFF's do, so every comparison passes", 48),
     Fault.GROUP_TAKES_RUN_DISTOPT_FLAG: ("bucket groups take use_distributed_optimizer from the run's DistOpt "
                                          "setting, not from their buffers', on both sides: LayerWise grads are "
                                          "reduce-scattered and owners step on partial sums while ON == OFF "

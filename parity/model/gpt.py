@@ -76,9 +76,10 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, *, recipe: str, fp8_param: bool, seed: int,
-                 device="cpu", ep_size: int = 1, ep_rank: int = 0, ep_group=None):
+                 device="cpu", ep_size: int = 1, ep_rank: int = 0, ep_group=None, faults=frozenset()):
         super().__init__()
         self.cfg, self.recipe, self.fp8_param = cfg, recipe, fp8_param
+        self.faults = faults
         if cfg.moe and cfg.num_experts % ep_size:
             raise ValueError(f"num_experts ({cfg.num_experts}) must be divisible by ep ({ep_size})")
         H, std = cfg.hidden, cfg.init_std
@@ -86,11 +87,14 @@ class GPT(nn.Module):
         edges = cfg.edges
         dead_expert = cfg.num_experts - 1 if edges.dead_expert else None
 
-        def lin(name, out_f, in_f, layer=0, dead=False):
+        def lin(name, out_f, in_f, layer=0, dead=False, expert=False):
             init = init_value(seed, name, (out_f, in_f), std)
             if edges.enabled():  # before ON persists FP8 bytes and before any master exists
                 init = edit_init(init, name, edges, recipe, seed, layer=layer, dead=dead)
-            return FP8Linear(in_f, out_f, recipe, init.to(device), fp8_param)
+            fp8 = fp8_param
+            if expert and Fault.EXPERT_FP8_PARAMS_NOT_BUILT in faults:
+                fp8 = False  # the knob reaches the dense layers only
+            return FP8Linear(in_f, out_f, recipe, init.to(device), fp8)
 
         self.embed = nn.Embedding(cfg.vocab_size, H)
         self.embed.weight = nn.Parameter(
@@ -106,8 +110,8 @@ class GPT(nn.Module):
                 per = cfg.num_experts // ep_size
                 F_ = cfg.moe_ffn_hidden
                 experts = {
-                    e: SwiGLU(lin(f"{p}.mlp.experts.{e}.fc1.weight", 2 * F_, H, i, e == dead_expert),
-                              lin(f"{p}.mlp.experts.{e}.fc2.weight", H, F_, i, e == dead_expert))
+                    e: SwiGLU(lin(f"{p}.mlp.experts.{e}.fc1.weight", 2 * F_, H, i, e == dead_expert, expert=True),
+                              lin(f"{p}.mlp.experts.{e}.fc2.weight", H, F_, i, e == dead_expert, expert=True))
                     for e in range(ep_rank * per, (ep_rank + 1) * per)
                 }
                 router = init_value(seed, f"{p}.mlp.router.weight", (cfg.num_experts, H), std).to(device)
@@ -130,7 +134,6 @@ class GPT(nn.Module):
                 init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
         self.embed.weight.is_embedding_or_output = True
         self.head.weight.is_embedding_or_output = True
-        self.faults = frozenset()  # set by the stack that trains this model
         self.mix = None
         if cfg.adam_matrix:
             self.mix = nn.Parameter(init_value(seed, "mix", (H, H), std).to(device, torch.bfloat16))

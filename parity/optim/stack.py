@@ -63,7 +63,7 @@ class Stack:
             fp8_param = False  # the knob not passed on: the stack under test runs the reference's code
         self.model = GPT(cfg.model, recipe=cfg.recipe, fp8_param=fp8_param, seed=cfg.seed,
                          device=device, ep_size=groups.ep, ep_rank=groups.ep_rank,
-                         ep_group=groups.ep_group)
+                         ep_group=groups.ep_group, faults=faults)
         ddp_cfg = cfg.ddp
         split = Fault.SPLIT_GRAD_BUFFERS
         if cfg.fp8_param_gather and ddp_cfg.merge_layerwise_fp8_grads and faults.injected(split) and \
