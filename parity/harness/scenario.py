@@ -83,6 +83,9 @@ class Scenario:
     """'cpu' (gloo) or 'cuda' (NCCL, one rank per GPU)."""
     model: dict = field(default_factory=dict)
     """Overrides of ModelConfig fields."""
+    optim: dict = field(default_factory=dict)
+    """Overrides of the optimizers' settings (OPTIM_KEYS: weight decay, the Muon and Adam
+    hyper-parameters); lr, its schedule and the clip are the keys above."""
     stress: tuple = ()
     """Numeric-edge init edits (InitEdges names: zero_blocks, pow2_edge, tiny_values,
     dead_expert); the same edits on both sides."""
@@ -129,10 +132,12 @@ class Scenario:
                 make(self.fp8_param_gather, True, False, shared))
 
     def optim_config(self) -> OptimConfig:
+        extra = {k: tuple(v) if k == "adam_betas" else v for k, v in self.optim.items()}
         return OptimConfig(lr=self.lr, clip_grad=self.clip_grad, lr_decay_style=self.lr_decay_style,
                            lr_warmup_steps=self.lr_warmup_steps, lr_min=self.lr_min,
                            lr_decay_steps=self.decay_steps,
-                           num_distributed_optimizer_instances=self.num_distributed_optimizer_instances)
+                           num_distributed_optimizer_instances=self.num_distributed_optimizer_instances,
+                           **extra)
 
     @property
     def decay_steps(self) -> int:
@@ -163,6 +168,8 @@ class Scenario:
         for k in ("resume_at", "resume_world"):  # unset: the scenario is what it was without them
             if d[k] is None:
                 d.pop(k)
+        if not d["optim"]:
+            d.pop("optim")
         return d
 
 
@@ -173,7 +180,12 @@ TYPES = {"name": str, "recipe": str, "world": int, "ep": int, "moe": bool, "over
          "lr_min": float, "clip_grad": float, "num_distributed_optimizer_instances": int,
          "stress": (list, tuple),
          "resume_at": (int, type(None)), "resume_world": (int, type(None)),
-         "golden_tensor_steps": list}
+         "golden_tensor_steps": list, "optim": dict}
+
+OPTIM_KEYS = {"weight_decay": float, "muon_momentum": float, "muon_nesterov": bool, "muon_ns_steps": int,
+              "muon_coefficients": str, "muon_scale_mode": str, "muon_extra_scale_factor": float,
+              "muon_split_qkv": bool, "adam_betas": list, "adam_eps": float}
+"""The keys of a scenario's ``optim`` table and their types (OptimConfig fields of the same names)."""
 
 
 def _err(src, key, msg):
@@ -260,11 +272,22 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
         raise _err(src, "model", str(e).replace("model: ", "")) from None
     if s.moe and model.num_experts % s.ep:
         raise _err(src, "ep", f"ep={s.ep} must divide model.num_experts={model.num_experts}")
+    for k, v in s.optim.items():
+        want = OPTIM_KEYS.get(k)
+        if want is None:
+            raise _err(src, f"optim.{k}", f"unknown optim key; allowed: {', '.join(OPTIM_KEYS)}")
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            v = s.optim[k] = float(v)
+        if not isinstance(v, want) or (want in (int, float) and isinstance(v, bool)) or \
+                (want is list and not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in v)):
+            what = "a list of numbers" if want is list else want.__name__
+            raise _err(src, f"optim.{k}", f"expected {what}, got {type(v).__name__} {v!r}")
     try:
         s.optim_config()
     except ValueError as e:
         key = re.match(r"optim\.(\w+)", str(e))
-        raise _err(src, key.group(1) if key else "lr", str(e)) from None
+        k = key.group(1) if key else "lr"
+        raise _err(src, f"optim.{k}" if k in OPTIM_KEYS else k, str(e)) from None
     if model.fp8_head and s.pair == "fp8_param_gather":
         _check_head_bucket(s, model, src)
     if s.recipe == "mxfp8":

@@ -11,6 +11,9 @@ from parity.optim.schedule import DECAY_STYLES, lr_at
 from parity.vocab import FaultSet
 
 
+MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Optimizer hyper-parameters (Muon for matrices, Adam for the rest)."""
@@ -27,8 +30,11 @@ class OptimConfig:
     """Newton-Schulz iterations."""
     muon_coefficients: str = "quintic"
     """Newton-Schulz coefficient set: 'quintic' or 'simple'."""
+    muon_scale_mode: str = "spectral"
+    """How Muon scales the orthogonalized update by the matrix shape: 'spectral' (sqrt of the
+    larger dim), 'shape_scaling' (sqrt(max(1, rows/cols))) or 'unit_rms_norm' (sqrt(rows/cols))."""
     muon_extra_scale_factor: float = 1.0
-    """Extra factor on Muon's spectral scale."""
+    """Extra factor on Muon's shape scale (upstream's functional test uses 0.2)."""
     muon_split_qkv: bool = True
     """Orthogonalize the fused QKV matrix per q/k/v piece."""
     adam_betas: tuple = (0.9, 0.999)
@@ -51,6 +57,20 @@ class OptimConfig:
     def __post_init__(self):
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.muon_momentum < 1:
+            raise ValueError(f"optim.muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if self.muon_ns_steps < 1:
+            raise ValueError(f"optim.muon_ns_steps must be >= 1, got {self.muon_ns_steps}")
+        if self.muon_scale_mode not in MUON_SCALE_MODES:
+            raise ValueError(f"optim.muon_scale_mode must be one of {MUON_SCALE_MODES}, got {self.muon_scale_mode!r}")
+        if not self.muon_extra_scale_factor > 0:
+            raise ValueError(f"optim.muon_extra_scale_factor must be > 0, got {self.muon_extra_scale_factor}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"optim.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        if not self.adam_eps > 0:
+            raise ValueError(f"optim.adam_eps must be > 0, got {self.adam_eps}")
         if self.muon_coefficients not in ("quintic", "simple"):
             raise ValueError(f"optim.muon_coefficients must be 'quintic' or 'simple', got {self.muon_coefficients!r}")
         if not self.clip_grad >= 0:
@@ -81,7 +101,7 @@ class OptimConfig:
     def muon_kwargs(self) -> dict:
         return dict(lr=self.lr, momentum=self.muon_momentum, nesterov=self.muon_nesterov,
                     weight_decay=self.weight_decay, steps=self.muon_ns_steps,
-                    coefficient_type=self.muon_coefficients, scale_mode="spectral",
+                    coefficient_type=self.muon_coefficients, scale_mode=self.muon_scale_mode,
                     extra_scale_factor=self.muon_extra_scale_factor, fp32_matmul_prec="medium",
                     split_qkv=self.muon_split_qkv)
 

@@ -38,6 +38,35 @@ def stack(faults=(), fp8=True, **kw):
     return Stack(cfg, build_groups(1), torch.device("cpu"))
 
 
+# -- the scenario's optim table reaches the optimizers -----------------------------------------------
+OPTIM_TABLE = dict(muon_nesterov=True, muon_extra_scale_factor=0.2, muon_momentum=0.8, muon_ns_steps=3,
+                   muon_coefficients="simple", muon_scale_mode="unit_rms_norm", muon_split_qkv=False,
+                   weight_decay=0.05, adam_betas=[0.8, 0.99], adam_eps=1e-6)
+
+
+def test_the_optim_table_is_what_the_optimizers_step_with(single_rank):
+    """Read from the optimizers' own param groups, both sides: a knob lost on its way would leave
+    the defaults there (and both sides would still agree)."""
+    cfg_on, cfg_off = make_scenario({"name": "t", "world": 1, "optim": OPTIM_TABLE}).stack_configs()
+    for cfg in (cfg_on, cfg_off):
+        st = Stack(cfg, build_groups(1), torch.device("cpu"))
+        for g in st.layerwise.muon.param_groups:
+            assert (g["nesterov"], g["extra_scale_factor"], g["momentum"], g["steps"], g["coefficient_type"],
+                    g["scale_mode"], g["split_qkv"], g["weight_decay"]) == \
+                (True, 0.2, 0.8, 3, "simple", "unit_rms_norm", False, 0.05)
+        for g in st.distopt.optimizer.param_groups:
+            assert (tuple(g["betas"]), g["eps"], g["weight_decay"]) == ((0.8, 0.99), 1e-6, 0.05)
+
+
+def test_a_run_with_the_optim_table_keeps_on_equal_to_off_and_trains_otherwise(single_rank):
+    s, res = run(steps=3, moe=True, optim=OPTIM_TABLE)
+    bad = [c for c in res["checks"] if not c["ok"]]
+    assert not res["divergences"] and not bad, (res["messages"], bad)
+    _, plain = run(steps=3, moe=True)
+    loss = lambda r: [st["loss_bits"] for st in sorted(r["steps"], key=lambda st: st["step"])]
+    assert loss(res)[0] == loss(plain)[0] and loss(res)[1:] != loss(plain)[1:]  # the update differs
+
+
 # -- ON == OFF with clipping, the cosine schedule and FP8 DistOpt params ---------------------------
 @pytest.mark.parametrize("kw", [dict(recipe="blockwise", moe=True),
                                 dict(recipe="mxfp8", model={"fp8_head": True}),

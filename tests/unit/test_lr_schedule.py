@@ -44,6 +44,14 @@ def test_schedule_is_a_pure_function_of_the_step():
     (dict(lr_min=1.0), "lr_min"),
     (dict(lr_warmup_steps=-1), "lr_warmup_steps"),
     (dict(num_distributed_optimizer_instances=2), "s5 item 15"),
+    (dict(weight_decay=-0.1), "weight_decay"),
+    (dict(muon_momentum=1.0), "muon_momentum"),
+    (dict(muon_ns_steps=0), "muon_ns_steps"),
+    (dict(muon_scale_mode="frobenius"), "muon_scale_mode"),
+    (dict(muon_extra_scale_factor=0.0), "muon_extra_scale_factor"),
+    (dict(adam_betas=(0.9,)), "adam_betas"),
+    (dict(adam_betas=(0.9, 1.0)), "adam_betas"),
+    (dict(adam_eps=0.0), "adam_eps"),
 ])
 def test_optim_config_rejects_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -70,3 +78,30 @@ def test_a_prefix_keeps_the_schedule_length_and_the_golden_identity():
     # a different length is a different run: another golden
     other = make_scenario({"name": "c", "steps": 8, "lr_decay_style": "cosine", "lr_warmup_steps": 2})
     assert scenario_config(other) != scenario_config(full)
+
+
+@pytest.mark.parametrize("optim, msg", [
+    ({"muon_nestrov": True}, "key 'optim.muon_nestrov': unknown optim key; allowed: weight_decay, muon_momentum"),
+    ({"muon_nesterov": 1}, "key 'optim.muon_nesterov': expected bool, got int 1"),
+    ({"muon_ns_steps": 2.5}, "key 'optim.muon_ns_steps': expected int, got float 2.5"),
+    ({"adam_betas": ["0.9", 0.99]}, "key 'optim.adam_betas': expected a list of numbers"),
+    ({"muon_momentum": 1}, "key 'optim.muon_momentum': optim.muon_momentum must be in [0, 1), got 1.0"),
+])
+def test_a_bad_optim_table_is_one_clear_line_naming_its_key(optim, msg):
+    from parity.harness.errors import ConfigError
+    from parity.harness.scenario import make_scenario
+
+    with pytest.raises(ConfigError) as e:
+        make_scenario({"name": "o", "optim": optim}, source="s.toml")
+    assert str(e.value).startswith("s.toml: " + msg), str(e.value)
+
+
+def test_an_optim_table_is_part_of_the_golden_identity_and_its_absence_is_not():
+    from parity.harness.golden import scenario_config
+    from parity.harness.scenario import make_scenario
+
+    plain = make_scenario({"name": "o"})
+    assert "optim" not in scenario_config(plain) and "optim" not in plain.to_dict()
+    scaled = make_scenario({"name": "o", "optim": {"muon_extra_scale_factor": 0.2}})
+    assert scenario_config(scaled)["optim"] == {"muon_extra_scale_factor": 0.2}
+    assert make_scenario(scaled.to_dict()).optim_config().muon_extra_scale_factor == 0.2
