@@ -103,6 +103,7 @@ class Fault(StrEnum):
     LOAD_REBINDS_MASTERS = "load-rebinds-masters"
     WGRAD_OVERWRITES_EVERY_MICROBATCH = "wgrad-overwrites-every-microbatch"
     CHECKPOINT_CHUNKS_REVERSED = "checkpoint-chunks-reversed"
+    EMPTY_EXPERT_SKIPS_WGRAD = "empty-expert-skips-wgrad"
 
 
 FIRED: set[Fault] = set()

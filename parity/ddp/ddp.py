@@ -119,8 +119,18 @@ class DDP:
             self.is_last_microbatch = True
 
     def finish_grad_sync(self):
-        # Without overlap no group has started: all their reductions go out coalesced.
-        start_grad_syncs_coalesced([g for g in self.bucket_groups if g.grad_handles is None])
+        if self.config.overlap_grad_reduce:
+            # The backward hooks issued every group's reduction once all its params reported
+            # (docs/spec/megatron.md s1.3 steps 3-4): upstream asserts it rather than reduce late.
+            late = [g for g in self.bucket_groups if g.grad_handles is None]
+            if late:
+                g = late[0]
+                raise RuntimeError(f"grad reduction of bucket group {self.bucket_groups.index(g)} "
+                                   f"({self.names[g.params[0]]}, ...) never issued by the backward hooks: "
+                                   f"{len(g.ready)}/{len(g.params)} params reported their grads "
+                                   f"({len(late)} group(s) late)")
+        else:  # no group has started: all their reductions go out coalesced
+            start_grad_syncs_coalesced(self.bucket_groups)
         for g in self.bucket_groups:
             g.finish_grad_sync()
 

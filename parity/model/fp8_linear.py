@@ -113,6 +113,8 @@ class _FP8LinearFn(torch.autograd.Function):
         layer, qw, qx = ctx.layer, ctx.qw, ctx.qx
         w = layer.weight
         if qx is None:
+            if Fault.EMPTY_EXPERT_SKIPS_WGRAD in layer.faults:
+                return dy.new_zeros(ctx.x_shape), None, None  # nothing to add, and no grad-ready signal
             accumulate_main_grad(w, torch.zeros(w.shape, dtype=torch.float32, device=dy.device),
                                  ctx.overwrite_wgrad)
             return dy.new_zeros(ctx.x_shape), None, None
