@@ -104,6 +104,8 @@ class Fault(StrEnum):
     WGRAD_OVERWRITES_EVERY_MICROBATCH = "wgrad-overwrites-every-microbatch"
     CHECKPOINT_CHUNKS_REVERSED = "checkpoint-chunks-reversed"
     EMPTY_EXPERT_SKIPS_WGRAD = "empty-expert-skips-wgrad"
+    CLIP_SKIPS_DISTOPT_GRADS = "clip-skips-distopt-grads"
+    CLIP_SCALES_UP = "clip-scales-up"
 
 
 FIRED: set[Fault] = set()

@@ -144,13 +144,18 @@ CATALOGUE = {
                                      "grad-ready signal, on both sides: under overlap its bucket group's "
                                      "reduction is never issued by the backward hooks; a DDP that reduced "
                                      "it late would train the same bits and hide it", 49),
+    Fault.CLIP_SKIPS_DISTOPT_GRADS: ("the clip scales the LayerWise grads only, not the DistOpt shards, on both "
+                                     "sides: Adam steps with unclipped grads while the norm, the zeros and "
+                                     "ON == OFF all hold", 50),
+    Fault.CLIP_SCALES_UP: ("the clip scales the grads by its coefficient whether or not it is below 1, on both "
+                           "sides: a step whose norm is under the limit has its grads scaled up to it", 50),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
 # check without any stack deviation, so their failures proved nothing:
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
-SHARED_FAULTS = {Fault.EMPTY_EXPERT_SKIPS_WGRAD, Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
+SHARED_FAULTS = {Fault.EMPTY_EXPERT_SKIPS_WGRAD, Fault.CLIP_SKIPS_DISTOPT_GRADS, Fault.CLIP_SCALES_UP, Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
                  Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
                  Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
                  Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,

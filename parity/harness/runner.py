@@ -602,6 +602,8 @@ class LockstepRunner:
             self._check(step, "grad-norm-counts-once", counted == self.trainable_elements,
                         f"step {step}/{side.value}: the grad norm counted {counted} elements over the ranks, "
                         f"the model has {self.trainable_elements}")
+            if stack.last_grad_stats.clip_coef is not None:
+                self._clip_check(step, side, stack)
         if phase == Phase.PARAM_SYNC and stack.capture_at_consumption and not self.flushing:
             # Reported at the end of the step's first forward, before its backward: the step's
             # zeroing and (under overlap) the pre-hooks' copy-back left every grad buffer empty,
@@ -613,6 +615,23 @@ class LockstepRunner:
                         f"after the first forward, before the backward (buffers {dirty[:4]})")
         if phase == Phase.PARAM_SYNC:
             self._masters_check(step, side, stack, "after the param sync")
+
+    def _clip_check(self, step: int, side: Side, stack: Stack) -> None:
+        """With clipping on, the grads the optimizers stepped with (read after the step) have the
+        norm the clip aimed at (docs/spec/megatron.md s2.14): the norm itself, bit for bit, where
+        the coefficient is >= 1 (nothing scaled); coefficient x norm where it is < 1, to
+        CLIP_NORM_RTOL (each scaled element and the sums round again). A clip that missed some
+        grads (one optimizer's, a copy) or scaled grads it should not have is off by far more."""
+        st = stack.last_grad_stats
+        now = stack.stepped_grad_norm()
+        coef, norm = float(st.clip_coef), float(st.norm)
+        if coef < 1.0:
+            ok = abs(float(now) - coef * norm) <= CLIP_NORM_RTOL * coef * norm
+        else:
+            ok = torch.equal(bit_view(now), bit_view(st.norm))
+        self._check(step, "clip-reaches-stepped-grads", ok,
+                    f"step {step}/{side.value}: the grads the optimizers stepped with have norm {float(now)!r}; "
+                    f"the clip (coefficient {coef!r} of norm {norm!r}) aimed at {min(coef, 1.0) * norm!r}")
 
     def _masters_check(self, step: int, side: Side, stack: Stack, when: str) -> None:
         """Every param this rank holds an fp32 master for holds that master rounded to its dtype
@@ -783,6 +802,12 @@ def _check_dropped_set(live, ref, step, check, expect: list) -> None:
           f"step {step}: {len(dropped)} param_sync keys only in OFF, {len(expect)} expected (the bf16 "
           f"copies of FP8 linear weights); ON reports in bf16: {missing[:2]}, OFF alone reports: {extra[:2]}")
 
+
+CLIP_NORM_RTOL = 1e-4
+"""Relative tolerance of clip-reaches-stepped-grads where the clip scaled: the recomputed norm and
+coefficient x norm differ by the roundings of the scaled elements and of two fp32 reductions
+(at most 1.7e-7 over 48 clipped steps measured); a clip that skipped a part of the grads misses by that part's share of the
+squared norm times (1 - coefficient^2) / 2 (0.2% for a tenth at coefficient 0.98)."""
 
 _EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 

@@ -131,6 +131,11 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault), under overlap: the dead expert's group never hears from its
     # weights; the DDP stops as upstream's asserts (a late reduction would give the same bits)
     "empty-expert-skips-wgrad": ("w2-mxfp8-stress", Expect("error", error="never issued by the backward hooks")),
+    # in both stacks (shared faults): the norm, the zeros and ON == OFF hold; the norm of the grads
+    # the optimizers stepped with, read after the step, is not what the clip aimed at (the scenario
+    # clips at steps 0 and 1, not at step 2)
+    "clip-skips-distopt-grads": ("w4-moe-clip", Expect("check", check="clip-reaches-stepped-grads", step=0)),
+    "clip-scales-up": ("w4-moe-clip", Expect("check", check="clip-reaches-stepped-grads", step=2)),
     # in both stacks (a shared fault): the replica check hashes the grads each buffer is laid out
     # to all-reduce (its own flag), not those its group happens to all-reduce: they disagree
     "group-takes-run-distopt-flag": ("w4-dense", Expect("check", check="replicas/dp", step=0)),

@@ -59,11 +59,14 @@ def counted_grads(layerwise, distopt, order: dict, faults=frozenset()) -> list[t
     return sorted(out, key=lambda t: t[0])
 
 
-def held_grads(layerwise, distopt) -> list[torch.Tensor]:
+def held_grads(layerwise, distopt, faults=frozenset()) -> list[torch.Tensor]:
     """Every reduced grad this rank holds: all LayerWise grads (owned or not) and its DistOpt
     shards. Clipping scales all of them, so the replicas of an all-reduced grad stay replicas;
     the copies no optimizer reads change nothing else."""
-    return [p.main_grad for b in layerwise.lw_buffers for p in b.params] + [pc.grad for pc in distopt.pieces]
+    layerwise_grads = [p.main_grad for b in layerwise.lw_buffers for p in b.params]
+    if distopt.pieces and Fault.CLIP_SKIPS_DISTOPT_GRADS in faults:
+        return layerwise_grads  # the LayerWise child alone is clipped
+    return layerwise_grads + [pc.grad for pc in distopt.pieces]
 
 
 def _sum_over(value: torch.Tensor, groups) -> torch.Tensor:
@@ -72,20 +75,26 @@ def _sum_over(value: torch.Tensor, groups) -> torch.Tensor:
     return value
 
 
-def grad_stats(grads, held, *, dp_group, expt_dp_group, ep_group, clip_grad: float, device) -> GradStats:
-    """Norm of ``grads`` (from :func:`counted_grads`), clipping of ``held`` (in place, when
-    ``clip_grad > 0`` and the coefficient is < 1), then zeros in ``grads``."""
+def global_norm(grads, *, dp_group, expt_dp_group, ep_group, device) -> torch.Tensor:
+    """fp32 L2 norm of ``grads`` (from :func:`counted_grads`) over every rank, as a 1-element tensor."""
     sq = {False: torch.zeros(1, dtype=torch.float32, device=device),
           True: torch.zeros(1, dtype=torch.float32, device=device)}
     for _, expert, g in grads:
         sq[expert] += g.float().square().sum()
     total = _sum_over(sq[False], [dp_group]) + _sum_over(sq[True], [expt_dp_group, ep_group])
-    norm = ieee_sqrt(total)
+    return ieee_sqrt(total)
+
+
+def grad_stats(grads, held, *, dp_group, expt_dp_group, ep_group, clip_grad: float, device,
+               faults=frozenset()) -> GradStats:
+    """Norm of ``grads`` (from :func:`counted_grads`), clipping of ``held`` (in place, when
+    ``clip_grad > 0`` and the coefficient is < 1), then zeros in ``grads``."""
+    norm = global_norm(grads, dp_group=dp_group, expt_dp_group=expt_dp_group, ep_group=ep_group, device=device)
     clip_coef = None
     if clip_grad > 0:
         coef = clip_grad / (float(norm) + CLIP_EPS)
         clip_coef = torch.tensor([coef], dtype=torch.float64, device=device)
-        if coef < 1.0:
+        if coef < 1.0 or (held and Fault.CLIP_SCALES_UP in faults):  # the fault: no "< 1" test
             for g in held:
                 g.mul_(coef)
     # [zeros, elements counted]: one reduction carries both

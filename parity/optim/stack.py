@@ -29,7 +29,7 @@ from parity.ddp.layout import merge_rule_matters
 from parity.model import GPT, is_quantized_param
 from parity.model.data import batch
 from parity.model.fp8_linear import FP8Linear
-from parity.optim.clip import counted_grads, grad_stats, held_grads
+from parity.optim.clip import counted_grads, global_norm, grad_stats, held_grads
 from parity.optim.config import StackConfig
 from parity.optim.distopt import DistributedOptimizer
 from parity.optim.layerwise import LayerWiseOptimizer
@@ -293,12 +293,21 @@ class Stack:
         (docs/spec/megatron.md s1.3 step 5, s2.14)."""
         g = self.groups
         counted = counted_grads(self.layerwise, self.distopt, self.definition_order, self.cfg.faults)
-        st = grad_stats(counted, held_grads(self.layerwise, self.distopt), dp_group=g.dp_group,
-                        expt_dp_group=g.expt_dp_group, ep_group=g.ep_group,
-                        clip_grad=self.cfg.optim.clip_grad, device=self.device)
+        clip = self.cfg.optim.clip_grad
+        held = held_grads(self.layerwise, self.distopt, self.cfg.faults) if clip > 0 else []
+        st = grad_stats(counted, held, dp_group=g.dp_group, expt_dp_group=g.expt_dp_group,
+                        ep_group=g.ep_group, clip_grad=clip, device=self.device, faults=self.cfg.faults)
         self.last_grad_stats = st
         self.last_step_stats.update(grad_norm=float(st.norm), num_zeros=int(st.num_zeros),
                                     clip_coef=None if st.clip_coef is None else float(st.clip_coef))
+
+    def stepped_grad_norm(self) -> torch.Tensor:
+        """The global norm of the grads the optimizers step with, as they are now (after any
+        clipping), counted as :meth:`clip_grads` counts them. Collective: every rank calls it."""
+        g = self.groups
+        counted = counted_grads(self.layerwise, self.distopt, self.definition_order, self.cfg.faults)
+        return global_norm(counted, dp_group=g.dp_group, expt_dp_group=g.expt_dp_group,
+                           ep_group=g.ep_group, device=self.device)
 
     # -- captured tensors ------------------------------------------------------------------
     def main_grads(self) -> dict:
