@@ -106,6 +106,7 @@ class Fault(StrEnum):
     EMPTY_EXPERT_SKIPS_WGRAD = "empty-expert-skips-wgrad"
     CLIP_SKIPS_DISTOPT_GRADS = "clip-skips-distopt-grads"
     CLIP_SCALES_UP = "clip-scales-up"
+    WEIGHT_DECAY_ON_NORMS = "weight-decay-on-norms"
 
 
 FIRED: set[Fault] = set()

@@ -149,26 +149,31 @@ CATALOGUE = {
                                      "ON == OFF all hold", 50),
     Fault.CLIP_SCALES_UP: ("the clip scales the grads by its coefficient whether or not it is below 1, on both "
                            "sides: a step whose norm is under the limit has its grads scaled up to it", 50),
+    Fault.WEIGHT_DECAY_ON_NORMS: ("Adam decays the norms' weights (1-D params) like every other param, on both "
+                                  "sides, where upstream's default param groups give them weight decay 0 "
+                                  "(parity's own stack did until the thirty-first session)", 51),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
 # check without any stack deviation, so their failures proved nothing:
 # `zeros-vs-zeros` gave way to force-sync-payload-not-zeroed, which grad-buffer-clean catches, and
 # `vacuous-param-compare` to quantized-classifier-always-true, which dropped-set-replaced catches.)
-SHARED_FAULTS = {Fault.EMPTY_EXPERT_SKIPS_WGRAD, Fault.CLIP_SKIPS_DISTOPT_GRADS, Fault.CLIP_SCALES_UP, Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM, Fault.MASTER_LOSES_QKV_SPLIT,
-                 Fault.RESHARD_DROPS_MOVED_MOMENTUM, Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS,
-                 Fault.SHARD_END_EXCLUDED, Fault.DISTOPT_SHARDS_REVERSED,
-                 Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED, Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD,
-                 Fault.PREHOOKS_SKIP_EXPERT_GROUPS, Fault.GRAD_REDUCE_INTO_COPY,
-                 Fault.GROUP_TAKES_RUN_DISTOPT_FLAG, Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
-                 Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS, Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS,
+SHARED_FAULTS = {Fault.EMPTY_EXPERT_SKIPS_WGRAD, Fault.CLIP_SKIPS_DISTOPT_GRADS, Fault.CLIP_SCALES_UP,
+                 Fault.WEIGHT_DECAY_ON_NORMS, Fault.RANK1_SKIPS_RANK0_SLOT, Fault.CHECKPOINT_DROPS_MOMENTUM,
+                 Fault.MASTER_LOSES_QKV_SPLIT, Fault.RESHARD_DROPS_MOVED_MOMENTUM,
+                 Fault.MUON_NORMALIZE_WITHOUT_EPS, Fault.FINAL_NORM_PAST_HOOKS, Fault.SHARD_END_EXCLUDED,
+                 Fault.DISTOPT_SHARDS_REVERSED, Fault.GRAD_NORM_DOUBLE_COUNTS_REPLICATED,
+                 Fault.GRAD_NORM_COUNTS_UNREDUCED_SHARD, Fault.PREHOOKS_SKIP_EXPERT_GROUPS,
+                 Fault.GRAD_REDUCE_INTO_COPY, Fault.GROUP_TAKES_RUN_DISTOPT_FLAG,
+                 Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP, Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS,
+                 Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS,
                  Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH, Fault.CHECKPOINT_CHUNKS_REVERSED}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see
 them."""
 GOLDEN_ONLY_FAULTS = {Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
-                      Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH}
+                      Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH, Fault.WEIGHT_DECAY_ON_NORMS}
 """Shared faults that every in-run check passes: only a golden of this platform sees them (their
 selftest cases expect a golden difference and nothing else)."""
 

@@ -13,6 +13,7 @@ _WHERE = {
     "GPT": "parity.model.gpt",
     "is_expert_param": "parity.model.gpt",
     "is_layer_wise_managed": "parity.model.gpt",
+    "is_weight_decayed": "parity.model.gpt",
 }
 
 __all__ = list(_WHERE)

@@ -162,3 +162,10 @@ def is_layer_wise_managed(param, *, honor_use_muon: bool = True) -> bool:
 
 def is_expert_param(param) -> bool:
     return not getattr(param, "allreduce", True)
+
+
+def is_weight_decayed(param, name: str) -> bool:
+    """Whether weight decay applies: not to biases nor to 1-D params (the norms' weights), as
+    upstream's default param groups give those a weight-decay multiplier of 0
+    (docs/spec/megatron.md s2.17)."""
+    return not (name.endswith(".bias") or param.dim() == 1)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from parity.distributed.collectives import all_gather_into
 from parity.distributed.determinism import empty
 from parity.ddp.param_sync import write_fp8
-from parity.model import is_quantized_param
+from parity.model import is_quantized_param, is_weight_decayed
 from parity.optim.adam import Adam
 from parity.vocab import Fault, FaultSet
 
@@ -39,7 +39,7 @@ class ShardPiece:
 
 
 class DistributedOptimizer:
-    def __init__(self, buffers, names: dict, adam_kwargs: dict, make_optimizer=None, faults=frozenset()):
+    def __init__(self, buffers, names: dict, adam_kwargs: dict, faults=frozenset()):
         self.faults = FaultSet(faults)
         self.buffers = [b for b in buffers if b.config.use_distributed_optimizer and not b.key.is_layer_wise]
         self.pieces: list[ShardPiece] = []
@@ -63,8 +63,17 @@ class DistributedOptimizer:
             for p in buf.params:
                 if is_quantized_param(p):
                     p.clear_high_precision_init_val()
-        masters = [pc.master for pc in self.pieces]
-        self.optimizer = (make_optimizer or (lambda ms: Adam(ms, **adam_kwargs)))(masters) if masters else None
+        # Two param groups, as upstream's weight-decay multipliers make them: the decayed params,
+        # and the biases and 1-D params at weight decay 0 (an empty group is left out).
+        def decayed(pc) -> bool:
+            if is_weight_decayed(pc.param, names[pc.param]):
+                return True
+            return Fault.WEIGHT_DECAY_ON_NORMS in self.faults  # the norms decayed too
+
+        groups = [{"params": [pc.master for pc in self.pieces if decayed(pc)]},
+                  {"params": [pc.master for pc in self.pieces if not decayed(pc)], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        self.optimizer = Adam(groups, **adam_kwargs) if groups else None
 
     def step(self):
         for pc in self.pieces:

@@ -54,8 +54,9 @@ def test_the_optim_table_is_what_the_optimizers_step_with(single_rank):
             assert (g["nesterov"], g["extra_scale_factor"], g["momentum"], g["steps"], g["coefficient_type"],
                     g["scale_mode"], g["split_qkv"], g["weight_decay"]) == \
                 (True, 0.2, 0.8, 3, "simple", "unit_rms_norm", False, 0.05)
-        for g in st.distopt.optimizer.param_groups:
-            assert (tuple(g["betas"]), g["eps"], g["weight_decay"]) == ((0.8, 0.99), 1e-6, 0.05)
+        groups = st.distopt.optimizer.param_groups
+        assert all((tuple(g["betas"]), g["eps"]) == ((0.8, 0.99), 1e-6) for g in groups)
+        assert [g["weight_decay"] for g in groups] == [0.05, 0.0]  # the norms are never decayed (s2.17)
 
 
 def test_a_run_with_the_optim_table_keeps_on_equal_to_off_and_trains_otherwise(single_rank):
@@ -65,6 +66,24 @@ def test_a_run_with_the_optim_table_keeps_on_equal_to_off_and_trains_otherwise(s
     _, plain = run(steps=3, moe=True)
     loss = lambda r: [st["loss_bits"] for st in sorted(r["steps"], key=lambda st: st["step"])]
     assert loss(res)[0] == loss(plain)[0] and loss(res)[1:] != loss(plain)[1:]  # the update differs
+
+
+def test_adam_leaves_the_norms_undecayed(single_rank):
+    """docs/spec/megatron.md s2.17: with a zero grad Adam's update is zero, so a step moves a
+    master by its weight decay alone: the norms' (1-D) masters keep their bits, the embedding's
+    shrink."""
+    st = stack()
+    do = st.distopt
+    for pc in do.pieces:
+        pc.grad.zero_()
+    before = {pc.name: pc.master.clone() for pc in do.pieces}
+    st.set_lr(0)
+    do.step()
+    moved = {pc.name: not torch.equal(pc.master.view(torch.int32), before[pc.name].view(torch.int32))
+             for pc in do.pieces}
+    norms = [n for n, pc in zip(moved, do.pieces) if pc.param.dim() == 1]
+    assert norms and not any(moved[n] for n in norms), moved
+    assert any(moved[n] for n in moved if n.startswith("embed.weight")), moved
 
 
 # -- ON == OFF with clipping, the cosine schedule and FP8 DistOpt params ---------------------------
