@@ -25,6 +25,11 @@ PRE_HOOK = "pre_hook"      # a forward pre-hook waited on it and copied it back
 FORCE_SYNC = "force_sync"  # start_param_sync(force_sync=True) finished it
 OPTIMIZER = "optimizer"    # the optimizer gathered it right after its step (FP8 DistOpt, s2.16)
 
+# Who launched a bucket group's grad reduction in a step (BucketGroup.grad_reduces):
+BACKWARD = "backward"      # its backward hooks, once every param reported as often as expected
+AT_FINISH = "finish"       # finish_grad_sync: without overlap; under overlap, in the first step
+                           # (the expected reports are learned there) or where no param ever reported
+
 
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
@@ -154,7 +159,12 @@ class BucketGroup:
         self.dp = buckets[0].buffer.dp
         self.params = [p for b in buckets for p in b.params]
         self._param_set = set(map(id, self.params))
-        self.ready: set = set()
+        # Reports of grad readiness on the last microbatch, per param (a param used twice reports
+        # twice). The first step learns how many each param makes; from then on the reduction is
+        # launched once the reports equal those (docs/spec/megatron.md s1.3 step 3).
+        self.ready_counts: dict[int, int] = {}
+        self.expected_counts: dict[int, int] | None = None
+        self.grad_reduces: list[str] = []  # one entry per reduction launched: BACKWARD or AT_FINISH
         self.grad_handles = None
         self.rs_outputs = None
         self.scaling = buckets[0].buffer.config.gradient_scaling_factor
@@ -204,16 +214,28 @@ class BucketGroup:
             shard = b.numel // self.dp
             b.grad_data[r * shard:(r + 1) * shard].copy_(out)
         self.grad_handles, self.rs_outputs = None, None
-        self.ready.clear()
         # Re-arm the deferred param gather: the next forward's pre-hooks gather the new values
         # (the fault leaves a dispatched group marked dispatched).
         self.param_gather_dispatched = (self.param_gather_dispatched
                                         and Fault.NO_REARM_IN_FINISH_GRAD_SYNC in self.faults)
 
-    def register_grad_ready(self, p, overlap: bool):
-        self.ready.add(id(p))
-        if overlap and len(self.ready) == len(self._param_set) and self.grad_handles is None:
+    def register_grad_ready(self, p):
+        """Under overlap_grad_reduce, on the last microbatch: count the report, and launch the
+        reduction once every param reported as often as in the first step."""
+        self.ready_counts[id(p)] = self.ready_counts.get(id(p), 0) + 1
+        if self.expected_counts is not None and self.ready_counts == self.expected_counts:
             self.start_grad_sync(async_op=True)
+            self.grad_reduces.append(BACKWARD)
+
+    def reset(self):
+        """At the start of a step (zero_grad_buffer): after the first step, record the reports
+        it made as the expected ones; every param must have reported (upstream asserts)."""
+        if self.expected_counts is None and self.ready_counts:
+            if len(self.ready_counts) != len(self.params):
+                raise RuntimeError(f"bucket group of {len(self.params)} params: only {len(self.ready_counts)} "
+                                   f"reported their grads in the first step")
+            self.expected_counts = self.ready_counts
+        self.ready_counts = {}
 
     # -- param gather (overlap_param_gather) -----------------------------------------------
     @property
@@ -311,6 +333,7 @@ def start_grad_syncs_coalesced(groups: list[BucketGroup]) -> None:
     then finds them done."""
     by_group: dict[int, tuple] = {}
     for g in groups:
+        g.grad_reduces.append(AT_FINISH)
         all_reduce, reduce_scatter = g._scaled_reductions()
         g.grad_handles, g.rs_outputs = [], reduce_scatter
         if all_reduce or reduce_scatter:

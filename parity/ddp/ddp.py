@@ -88,7 +88,7 @@ class DDP:
         for b in buffers:
             b.grad_data.zero_()
         for g in self.bucket_groups:
-            g.ready.clear()
+            g.reset()
 
     # -- gradients -------------------------------------------------------------------------
     def _install_grad_hooks(self):
@@ -105,8 +105,8 @@ class DDP:
         self._grad_ready(p)
 
     def _grad_ready(self, p):
-        if self.is_last_microbatch:
-            self.group_of[id(p)].register_grad_ready(p, self.config.overlap_grad_reduce)
+        if self.is_last_microbatch and self.config.overlap_grad_reduce:
+            self.group_of[id(p)].register_grad_ready(p)
 
     @contextmanager
     def no_sync(self):
@@ -120,14 +120,17 @@ class DDP:
 
     def finish_grad_sync(self):
         if self.config.overlap_grad_reduce:
-            # The backward hooks issued every group's reduction once all its params reported
-            # (docs/spec/megatron.md s1.3 steps 3-4): upstream asserts it rather than reduce late.
+            # The backward hooks launched each group's reduction once its params reported as
+            # often as in the first step; groups that have not learned that yet (the first step,
+            # or no param of theirs ever reported) reduce now. A group that learned it and was
+            # not launched is an error, as upstream asserts (docs/spec/megatron.md s1.3 step 3).
+            start_grad_syncs_coalesced([g for g in self.bucket_groups if g.expected_counts is None])
             late = [g for g in self.bucket_groups if g.grad_handles is None]
             if late:
                 g = late[0]
                 raise RuntimeError(f"grad reduction of bucket group {self.bucket_groups.index(g)} "
                                    f"({self.names[g.params[0]]}, ...) never issued by the backward hooks: "
-                                   f"{len(g.ready)}/{len(g.params)} params reported their grads "
+                                   f"{len(g.ready_counts)}/{len(g.params)} params reported their grads "
                                    f"({len(late)} group(s) late)")
         else:  # no group has started: all their reductions go out coalesced
             start_grad_syncs_coalesced(self.bucket_groups)

@@ -141,9 +141,9 @@ CATALOGUE = {
                                        "unchanged, a resharded one scrambles the masters and moments while "
                                        "saving it again gives the checkpoint back", 47),
     Fault.EMPTY_EXPERT_SKIPS_WGRAD: ("an expert that got no tokens skips its (zero) wgrad and with it the "
-                                     "grad-ready signal, on both sides: under overlap its bucket group's "
-                                     "reduction is never issued by the backward hooks; a DDP that reduced "
-                                     "it late would train the same bits and hide it", 49),
+                                     "grad-ready report, on both sides: under overlap its bucket group's "
+                                     "reduction is never launched by the backward hooks and is reduced late "
+                                     "in every step, as upstream lets it be, with the same bits", 49),
     Fault.CLIP_SKIPS_DISTOPT_GRADS: ("the clip scales the LayerWise grads only, not the DistOpt shards, on both "
                                      "sides: Adam steps with unclipped grads while the norm, the zeros and "
                                      "ON == OFF all hold", 50),

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from parity.distributed.collectives import all_gather_into, all_gather_object, all_reduce_sum
 from parity.distributed.groups import build_groups
+from parity.ddp.buffers import AT_FINISH, BACKWARD
 from parity.harness import golden
 from parity.harness.compare import bit_view, compare_tensors
 from parity.harness.faults import bump_one_ulp
@@ -238,6 +239,7 @@ class LockstepRunner:
             build_s=build_s)
         self.states: dict[int, _StepState] = {}
         self.scan_nonfinite = False
+        self.reduces_seen: dict = {}  # side -> each bucket group's grad_reduces read so far
         self.snapshots = _snapshot_writer(scenario, self.rank, opts)
         self.stopped = False
         self.last_beat = None
@@ -597,6 +599,8 @@ class LockstepRunner:
         next forward (before its optimizer step moves the masters): every param this rank holds
         a master for holds that master rounded to its dtype, i.e. the rank stepped the region
         the sync gave it (s2.8); and every grad buffer is zero before that step's backward."""
+        if phase == Phase.GRAD_REDUCE:
+            self._grad_reduce_check(step, side, stack)
         if phase == Phase.OPTIMIZER and stack.last_grad_stats is not None:
             counted = stack.last_grad_stats.elements
             self._check(step, "grad-norm-counts-once", counted == self.trainable_elements,
@@ -615,6 +619,30 @@ class LockstepRunner:
                         f"after the first forward, before the backward (buffers {dirty[:4]})")
         if phase == Phase.PARAM_SYNC:
             self._masters_check(step, side, stack, "after the param sync")
+
+    def _grad_reduce_check(self, step: int, side: Side, stack: Stack) -> None:
+        """Each bucket group launched exactly one grad reduction in the step, as its own record
+        says: in finish_grad_sync without overlap; under overlap_grad_reduce from its backward
+        hooks, except in the stack's first step, which learns how many reports to wait for and
+        reduces in finish_grad_sync (docs/spec/megatron.md s1.3 step 3). A group none of whose
+        params ever reports is reduced late every step, which upstream lets pass: the overlap is
+        lost without any bit changing (s5 item 49)."""
+        groups = stack.ddp.bucket_groups
+        first = side not in self.reduces_seen
+        seen = self.reduces_seen.get(side, [0] * len(groups))
+        overlapped = stack.ddp.config.overlap_grad_reduce and not first
+        want = [BACKWARD] if overlapped else [AT_FINISH]
+        bad = [i for i, g in enumerate(groups) if g.grad_reduces[seen[i]:] != want]
+        self.reduces_seen[side] = [len(g.grad_reduces) for g in groups]
+        detail = ""
+        if bad:
+            g = groups[bad[0]]
+            detail = (f"bucket group {bad[0]} ({stack.names[g.params[0]]}, ...) launched "
+                      f"{g.grad_reduces[seen[bad[0]]:] or 'no reduction'}")
+        self._check(step, "grad-reduce-launch", not bad,
+                    f"step {step}/{side.value}/rank {self.rank}: {len(bad)} bucket group(s) did not launch "
+                    f"exactly one reduction {'from the backward hooks' if overlapped else 'in finish_grad_sync'}; "
+                    f"first: {detail}")
 
     def _clip_check(self, step: int, side: Side, stack: Stack) -> None:
         """With clipping on, the grads the optimizers stepped with (read after the step) have the

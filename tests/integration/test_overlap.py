@@ -238,7 +238,9 @@ def test_reductions_launch_on_the_last_microbatch_only(single_rank, monkeypatch)
     from parity.distributed.groups import build_groups
     from parity.optim.stack import Stack
 
-    s = make_scenario({"name": "t", "world": 1, "overlap": True, "microbatches": 3, "steps": 1})
+    from parity.ddp.buffers import AT_FINISH, BACKWARD
+
+    s = make_scenario({"name": "t", "world": 1, "overlap": True, "microbatches": 3, "steps": 2})
     stack = Stack(s.stack_configs()[0], build_groups(1), torch.device("cpu"))
     launched = []
     real = BucketGroup.start_grad_sync
@@ -248,9 +250,14 @@ def test_reductions_launch_on_the_last_microbatch_only(single_rank, monkeypatch)
         return real(self, async_op)
 
     monkeypatch.setattr(BucketGroup, "start_grad_sync", spy)
+    groups = stack.ddp.bucket_groups
     stack.step(0, _noop)
-    # overlapped: every group launched once, asynchronously, during the last microbatch's backward
-    assert launched == [(True, True)] * len(stack.ddp.bucket_groups)
+    # the first step learns how often each param reports; finish_grad_sync reduces every group
+    assert launched == [] and all(g.grad_reduces == [AT_FINISH] for g in groups)
+    stack.step(1, _noop)
+    # then every group launched once, asynchronously, during the last microbatch's backward
+    assert launched == [(True, True)] * len(groups)
+    assert all(g.grad_reduces == [AT_FINISH, BACKWARD] for g in groups)
 
 
 def _forced_sync_rank(ctx) -> dict:
