@@ -12,7 +12,8 @@ class DDPConfig:
     """Data-parallel wrapper settings."""
 
     bucket_size: int | None = None
-    """Elements per bucket (None: one bucket per buffer)."""
+    """Elements per bucket (None: one bucket per buffer); used only with overlap_grad_reduce
+    (see :attr:`buckets_of`)."""
     overlap_grad_reduce: bool = False
     """Launch each bucket group's reduction as soon as all its grads are ready."""
     overlap_param_gather: bool = False
@@ -22,6 +23,13 @@ class DDPConfig:
     """LayerWise buffers: 'compact' (decoupled, no padding) or 'padded' (shard-aligned DistOpt)."""
     merge_layerwise_fp8_grads: bool = True
     """Key FP8 LayerWise grads by their bf16 logical dtype (one all-reduce buffer, as OFF)."""
+
+    @property
+    def buckets_of(self) -> int | None:
+        """The bucket size the buffers are laid out with: ``bucket_size`` under
+        overlap_grad_reduce, else None (one bucket per buffer), as upstream's DDP sets it: without
+        overlap nothing is gained from smaller collectives (docs/spec/megatron.md s2.5)."""
+        return self.bucket_size if self.overlap_grad_reduce else None
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

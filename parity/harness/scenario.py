@@ -28,7 +28,7 @@ from parity.vocab import Recipe
 
 PAIRS = {
     "fp8_param_gather": "FP8 param gather ON vs OFF",
-    "overlap_param_gather": "deferred (overlapped) param gather vs eager all-gather",
+    "overlap_param_gather": "deferred (overlapped) param gather vs eager all-gather, grads reduced under overlap on both",
     "force_sync": "force_sync finalizing a pending gather vs the forward pre-hook",
 }
 RECIPES = tuple(Recipe)
@@ -78,7 +78,8 @@ class Scenario:
     seed: int = 1234
     """Seed of init and data."""
     bucket_size: int | None = 4096
-    """DDP bucket size in elements (None: one bucket per buffer)."""
+    """DDP bucket size in elements under overlap (None: one bucket per buffer); without overlap
+    every buffer is one bucket, as upstream's DDP makes it."""
     device: str = "cpu"
     """'cpu' (gloo) or 'cuda' (NCCL, one rank per GPU)."""
     model: dict = field(default_factory=dict)
@@ -116,9 +117,10 @@ class Scenario:
         model = self.model_config()
         optim = self.optim_config()
 
-        def make(fp8: bool, overlap: bool, force_sync: bool, f) -> StackConfig:
+        def make(fp8: bool, overlap: bool, force_sync: bool, f, gather_overlap: bool | None = None) -> StackConfig:
+            gather = overlap if gather_overlap is None else gather_overlap
             ddp = DDPConfig(bucket_size=self.bucket_size, overlap_grad_reduce=overlap,
-                            overlap_param_gather=overlap, layout=self.layout)
+                            overlap_param_gather=gather, layout=self.layout)
             return StackConfig(model=model, recipe=self.recipe, fp8_param_gather=fp8, ddp=ddp,
                                optim=optim, seed=self.seed, microbatches=self.microbatches,
                                force_sync_each_step=force_sync, faults=frozenset(f))
@@ -126,8 +128,10 @@ class Scenario:
         if self.pair == "fp8_param_gather":
             return (make(True, self.overlap, False, faults), make(False, self.overlap, False, shared))
         if self.pair == "overlap_param_gather":
+            # both reduce grads under overlap (one bucket layout: toggling overlap_grad_reduce
+            # changes the buckets, and with them the reductions' bits); only the gather differs
             return (make(self.fp8_param_gather, True, False, faults),
-                    make(self.fp8_param_gather, False, False, shared))
+                    make(self.fp8_param_gather, True, False, shared, gather_overlap=False))
         return (make(self.fp8_param_gather, True, True, faults),
                 make(self.fp8_param_gather, True, False, shared))
 
@@ -307,6 +311,13 @@ def _check_head_bucket(s: Scenario, model: ModelConfig, src) -> None:
     bf16 sibling buffer. The two sides reduce-scatter and shard the same values only if the head
     (and any sibling matrix laid out before it) closes a DistOpt bucket by itself in OFF too."""
     sizes = [model.vocab_size * model.hidden] + ([model.hidden * model.hidden] if model.adam_matrix else [])
+    if max(s.world, s.resume_world or 0) == 1:
+        return  # one shard: nothing to split
+    if not s.overlap:
+        raise _err(src, "overlap", "model.fp8_head at world > 1 needs overlap = true: without "
+                   "overlap_grad_reduce each buffer is one bucket (as upstream), so ON's uint8 buffer "
+                   "moves the shard boundaries of OFF's bf16 sibling buffer, and with them each rank's "
+                   "partial sums of the grad norm (docs/spec/megatron.md s2.16)")
     if s.bucket_size is None or s.bucket_size > min(sizes):
         raise _err(src, "bucket_size", f"model.fp8_head needs bucket_size <= {min(sizes)} so the output "
                    f"projection has a DistOpt bucket of its own ON and OFF; otherwise ON's uint8 buffer "

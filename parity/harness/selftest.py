@@ -64,9 +64,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     "gather-payload-not-zeroed": ("w4-overlap-pair", Expect("mismatch", phase="grad_reduce", step=1)),
     "staging-not-persisted": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
     "routing-predicate-mismatch": ("w2-adam-matrix", Expect("check", check="optimizer-coverage", step=-1)),
-    "uint8-distopt-buffer-next-to-layerwise": ("w2-fp8-head", Expect(
+    "uint8-distopt-buffer-next-to-layerwise": ("w2-fp8-head-overlap", Expect(
         "error", error="Cannot merge buckets with differing effective use_distributed_optimizer")),
-    "distopt-fp8-not-requantized": ("w2-fp8-head", Expect("mismatch", phase="param_sync", step=0,
+    "distopt-fp8-not-requantized": ("w2-fp8-head-overlap", Expect("mismatch", phase="param_sync", step=0,
                                                           tensor="head.weight.fp8")),
     # in both stacks (shared faults: the norm's code does not depend on the knob): ON == OFF holds;
     # the elements counted over the ranks, set against the model's, see the double count

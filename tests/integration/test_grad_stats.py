@@ -26,7 +26,7 @@ def _rank(ctx, fp8: bool) -> dict:
     from parity.harness.scenario import make_scenario
     from parity.optim.stack import Stack
 
-    s = make_scenario({"name": "norm", "world": WORLD, "ep": EP, "moe": True, "steps": 2,
+    s = make_scenario({"name": "norm", "world": WORLD, "ep": EP, "moe": True, "steps": 2, "overlap": True,
                        "model": {"fp8_head": True}})
     cfg = s.stack_configs()[0 if fp8 else 1]
     stack = Stack(cfg, build_groups(EP), ctx.device)

@@ -246,10 +246,17 @@ def test_fp8_head_master_from_dequant_is_caught_at_init(single_rank):
 
 
 def test_fp8_head_needs_its_own_bucket():
+    """At DP > 1 the FP8 head must close a DistOpt bucket of its own on both sides (s2.16): under
+    overlap, a bucket size at most its numel; without overlap every buffer is one bucket (s2.5),
+    so that is refused. At world 1 there is one shard and nothing to split."""
     with pytest.raises(ConfigError, match="bucket_size"):
-        make_scenario({"name": "t", "model": {"fp8_head": True}, "bucket_size": None})
+        make_scenario({"name": "t", "model": {"fp8_head": True}, "overlap": True, "bucket_size": None})
     with pytest.raises(ConfigError, match="bucket_size"):
-        make_scenario({"name": "t", "model": {"fp8_head": True}, "bucket_size": 20000})
+        make_scenario({"name": "t", "model": {"fp8_head": True}, "overlap": True, "bucket_size": 20000})
+    with pytest.raises(ConfigError, match="key 'overlap': model.fp8_head at world > 1 needs overlap"):
+        make_scenario({"name": "t", "model": {"fp8_head": True}})
+    make_scenario({"name": "t", "model": {"fp8_head": True}, "overlap": True})
+    make_scenario({"name": "t", "model": {"fp8_head": True}, "world": 1})
 
 
 # -- validation ------------------------------------------------------------------------------------
