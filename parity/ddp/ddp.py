@@ -236,7 +236,9 @@ class DDP:
         g.finish_param_sync(PRE_HOOK)
 
     def reset_param_sync_dispatch_state(self):
-        for g in self.param_gather_groups():
+        """Mark every bucket group's gather not dispatched, for the next forward's pre-hooks (all
+        groups, as upstream; a group whose gather is still in flight may not be re-armed)."""
+        for g in self.bucket_groups:
             if g.param_gather_handle is not None:
                 raise AssertionError("cannot re-arm a bucket group with a gather in flight")
             g.param_gather_dispatched = False
