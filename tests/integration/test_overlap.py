@@ -260,6 +260,26 @@ def test_reductions_launch_on_the_last_microbatch_only(single_rank, monkeypatch)
     assert all(g.grad_reduces == [AT_FINISH, BACKWARD] for g in groups)
 
 
+def test_a_group_whose_param_never_reports_stops_the_next_step(single_rank):
+    """Upstream's counting (docs/spec/megatron.md s1.3 step 3): a group in which some params
+    reported in the first step and one did not stops at the next zero_grad_buffer, naming it."""
+    import torch
+
+    from parity.distributed.groups import build_groups
+    from parity.optim.stack import Stack
+
+    s = make_scenario({"name": "t", "world": 1, "overlap": True, "steps": 2})
+    stack = Stack(s.stack_configs()[0], build_groups(1), torch.device("cpu"))
+    group = next(g for g in stack.ddp.bucket_groups if len(g.params) > 1)
+    silent = id(group.params[0])
+    real = group.register_grad_ready
+    group.register_grad_ready = lambda p: None if id(p) == silent else real(p)
+    stack.step(0, _noop)  # the first step only counts, and reduces in finish_grad_sync
+    with pytest.raises(RuntimeError, match=f"bucket group of {len(group.params)} params: only "
+                                           f"{len(group.params) - 1} reported their grads in the first step"):
+        stack.step(1, _noop)
+
+
 def _forced_sync_rank(ctx) -> dict:
     """Two identical overlapped stacks; one forces its param sync after step 1 (as before a
     checkpoint save). Both must train on identically; the forced one's window says force_sync."""
