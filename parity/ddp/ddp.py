@@ -157,8 +157,8 @@ class DDP:
         return {b for g in self.bucket_groups if g.holds_fp8_distopt for b in g.buckets}
 
     def enable_forward_pre_hook(self):
-        if self._pre_hooks:
-            return
+        if self.pre_hooks_enabled:  # as upstream asserts: a second enable is a caller's bug
+            raise AssertionError("forward pre-hooks are already enabled")
         skipped = None
         if self.faults.injected(Fault.PREHOOKS_NOT_REGISTERED):
             first = self._first_gathered_layer_wise_group()
@@ -179,6 +179,8 @@ class DDP:
         self.pre_hooks_enabled = True
 
     def disable_forward_pre_hook(self, param_sync: bool = True):
+        if not self.pre_hooks_enabled:  # as upstream asserts: nothing to remove is a caller's bug
+            raise AssertionError("forward pre-hooks are not enabled")
         for h in self._pre_hooks:
             h.remove()
         self._pre_hooks = []

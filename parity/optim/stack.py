@@ -146,7 +146,8 @@ class Stack:
             if cfg.force_sync_each_step:
                 ddp.start_param_sync()  # gathers launched (e.g. by a schedule's param-sync call)
                 self.force_param_sync()
-            ddp.enable_forward_pre_hook()  # after the first iteration (a no-op after that)
+            if not ddp.pre_hooks_enabled:  # once, after the first iteration
+                ddp.enable_forward_pre_hook()
         else:
             self.layerwise.sync()
             self.distopt.gather()
@@ -201,11 +202,15 @@ class Stack:
     def force_param_sync(self) -> None:
         """Under overlap, make the params current now, as training does before an evaluation or
         a checkpoint save: disable the pre-hooks with param_sync=True (finishing any gather in
-        flight), then enable them again. The next forward's pre-hooks then have nothing to do
-        until finish_grad_sync re-arms them."""
+        flight), then enable them again; in the first iteration, while they are still off, the
+        forced param sync alone. The next forward's pre-hooks then have nothing to do until
+        finish_grad_sync re-arms them."""
         ddp = self.ddp
         hooks_on = ddp.pre_hooks_enabled
-        ddp.disable_forward_pre_hook(param_sync=True)
+        if hooks_on:
+            ddp.disable_forward_pre_hook(param_sync=True)
+        else:
+            ddp.start_param_sync(force_sync=True)
         # The compact LayerWise buffers receive the gather in grad_data: empty once it landed. At
         # DP 1 nothing is gathered and the reduced grads stay until the next step zeroes them.
         # (None, not a vacuous True, where there are none: the padded layout gathers into param_data.)

@@ -275,6 +275,12 @@ def test_forced_sync_without_overlap_is_an_error(single_rank):
     st = stack()
     assert not st.ddp.config.overlap_param_gather
     with pytest.raises(AssertionError, match="overlap_param_gather"):
-        st.ddp.disable_forward_pre_hook(param_sync=True)
+        st.ddp.start_param_sync(force_sync=True)
     overlapped = stack(overlap=True)
-    overlapped.ddp.disable_forward_pre_hook(param_sync=True)  # allowed with overlap
+    overlapped.ddp.start_param_sync(force_sync=True)  # allowed with overlap
+    # the hooks are off for the first iteration: disabling them again is a caller's bug, as upstream
+    with pytest.raises(AssertionError, match="not enabled"):
+        overlapped.ddp.disable_forward_pre_hook(param_sync=True)
+    overlapped.ddp.enable_forward_pre_hook()
+    with pytest.raises(AssertionError, match="already enabled"):
+        overlapped.ddp.enable_forward_pre_hook()
