@@ -13,7 +13,7 @@ class DDPConfig:
 
     bucket_size: int | None = None
     """Elements per bucket (None: one bucket per buffer); used only with overlap_grad_reduce
-    (see :attr:`buckets_of`)."""
+    (see :attr:`layout_bucket_size`)."""
     overlap_grad_reduce: bool = False
     """Launch each bucket group's reduction as soon as all its grads are ready."""
     overlap_param_gather: bool = False
@@ -25,7 +25,7 @@ class DDPConfig:
     """Key FP8 LayerWise grads by their bf16 logical dtype (one all-reduce buffer, as OFF)."""
 
     @property
-    def buckets_of(self) -> int | None:
+    def layout_bucket_size(self) -> int | None:
         """The bucket size the buffers are laid out with: ``bucket_size`` under
         overlap_grad_reduce, else None (one bucket per buffer), as upstream's DDP sets it: without
         overlap nothing is gained from smaller collectives (docs/spec/megatron.md s2.5)."""

@@ -48,11 +48,11 @@ class DDP:
             if dp != data_parallel and Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP in self.faults:
                 scale = 1.0 / dp  # the size of the group that sums them
             if key.is_layer_wise and config.layout == "compact":
-                lay, cfg = compact_layout(params, config.buckets_of), BufferConfig(False, scale)
+                lay, cfg = compact_layout(params, config.layout_bucket_size), BufferConfig(False, scale)
             elif key.is_layer_wise:
-                lay, cfg = padded_layer_wise_layout(params, config.buckets_of, dp), BufferConfig(True, scale)
+                lay, cfg = padded_layer_wise_layout(params, config.layout_bucket_size, dp), BufferConfig(True, scale)
             else:
-                lay, cfg = distopt_layout(params, config.buckets_of, dp), BufferConfig(True, scale)
+                lay, cfg = distopt_layout(params, config.layout_bucket_size, dp), BufferConfig(True, scale)
             buf = ParamAndGradBuffer(key, params, lay, cfg, group, device)
             (self.expert_buffers if key.is_expert else self.buffers).append(buf)
         self.bucket_groups, self.chains = [], []

@@ -833,9 +833,10 @@ def _check_dropped_set(live, ref, step, check, expect: list) -> None:
 
 CLIP_NORM_RTOL = 1e-4
 """Relative tolerance of clip-reaches-stepped-grads where the clip scaled: the recomputed norm and
-coefficient x norm differ by the roundings of the scaled elements and of two fp32 reductions
-(at most 1.7e-7 over 48 clipped steps measured); a clip that skipped a part of the grads misses by that part's share of the
-squared norm times (1 - coefficient^2) / 2 (0.2% for a tenth at coefficient 0.98)."""
+coefficient x norm differ by the roundings of the scaled elements and of two fp32 reductions (at
+most 1.7e-7 over 48 clipped steps, docs/measurements.md, thirty-first session); a clip that
+skipped a part of the grads misses by that part's share of the squared norm times
+(1 - coefficient^2) / 2 (0.2% for a tenth at coefficient 0.98)."""
 
 _EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 

@@ -117,23 +117,23 @@ class Scenario:
         model = self.model_config()
         optim = self.optim_config()
 
-        def make(fp8: bool, overlap: bool, force_sync: bool, f, gather_overlap: bool | None = None) -> StackConfig:
-            gather = overlap if gather_overlap is None else gather_overlap
-            ddp = DDPConfig(bucket_size=self.bucket_size, overlap_grad_reduce=overlap,
-                            overlap_param_gather=gather, layout=self.layout)
+        def make(fp8: bool, grad_overlap: bool, gather_overlap: bool, force_sync: bool, f) -> StackConfig:
+            ddp = DDPConfig(bucket_size=self.bucket_size, overlap_grad_reduce=grad_overlap,
+                            overlap_param_gather=gather_overlap, layout=self.layout)
             return StackConfig(model=model, recipe=self.recipe, fp8_param_gather=fp8, ddp=ddp,
                                optim=optim, seed=self.seed, microbatches=self.microbatches,
                                force_sync_each_step=force_sync, faults=frozenset(f))
 
         if self.pair == "fp8_param_gather":
-            return (make(True, self.overlap, False, faults), make(False, self.overlap, False, shared))
+            o = self.overlap
+            return (make(True, o, o, False, faults), make(False, o, o, False, shared))
         if self.pair == "overlap_param_gather":
             # both reduce grads under overlap (one bucket layout: toggling overlap_grad_reduce
             # changes the buckets, and with them the reductions' bits); only the gather differs
-            return (make(self.fp8_param_gather, True, False, faults),
-                    make(self.fp8_param_gather, True, False, shared, gather_overlap=False))
-        return (make(self.fp8_param_gather, True, True, faults),
-                make(self.fp8_param_gather, True, False, shared))
+            return (make(self.fp8_param_gather, True, True, False, faults),
+                    make(self.fp8_param_gather, True, False, False, shared))
+        return (make(self.fp8_param_gather, True, True, True, faults),
+                make(self.fp8_param_gather, True, True, False, shared))
 
     def optim_config(self) -> OptimConfig:
         extra = {k: tuple(v) if k == "adam_betas" else v for k, v in self.optim.items()}
@@ -197,6 +197,21 @@ def _err(src, key, msg):
     return ConfigError(f"{where}key '{key}': {msg}")
 
 
+def _typed(src, key: str, v, want, numbers: bool = False):
+    """``v`` checked against ``want`` (a type or a tuple of types), an int widened where a float is
+    wanted (a bool is never a number); with ``numbers``, a list must hold numbers only."""
+    is_number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    if want is float and is_number(v):
+        v = float(v)
+    ok = isinstance(v, want) and not (want in (int, float) and isinstance(v, bool))
+    if numbers:
+        ok = ok and all(is_number(x) for x in v)
+    if not ok:
+        names = want.__name__ if isinstance(want, type) else " or ".join(t.__name__ for t in want)
+        raise _err(src, key, f"expected {'a list of numbers' if numbers else names}, got {type(v).__name__} {v!r}")
+    return v
+
+
 def make_scenario(raw: dict, source: str = "") -> Scenario:
     """Validate one raw mapping into a Scenario; every error names the file, key and what is allowed."""
     raw = dict(raw)
@@ -205,13 +220,7 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
     for k, v in raw.items():
         if k not in TYPES:
             raise _err(source, k, f"unknown key; allowed keys: {', '.join(sorted(TYPES))}")
-        want = TYPES[k]
-        if want is float and isinstance(v, int) and not isinstance(v, bool):
-            v = raw[k] = float(v)
-        ok = isinstance(v, want) and not (want in (int, float) and isinstance(v, bool))
-        if not ok:
-            names = want.__name__ if isinstance(want, type) else " or ".join(t.__name__ for t in want)
-            raise _err(source, k, f"expected {names}, got {type(v).__name__} {v!r}")
+        raw[k] = _typed(source, k, v, TYPES[k])
     if "name" not in raw:
         raise _err(source, "name", "missing (every scenario needs a name)")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+=\-\[\]]*", raw["name"]) or ".." in raw["name"]:
@@ -277,15 +286,9 @@ def make_scenario(raw: dict, source: str = "") -> Scenario:
     if s.moe and model.num_experts % s.ep:
         raise _err(src, "ep", f"ep={s.ep} must divide model.num_experts={model.num_experts}")
     for k, v in s.optim.items():
-        want = OPTIM_KEYS.get(k)
-        if want is None:
+        if k not in OPTIM_KEYS:
             raise _err(src, f"optim.{k}", f"unknown optim key; allowed: {', '.join(OPTIM_KEYS)}")
-        if want is float and isinstance(v, int) and not isinstance(v, bool):
-            v = s.optim[k] = float(v)
-        if not isinstance(v, want) or (want in (int, float) and isinstance(v, bool)) or \
-                (want is list and not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in v)):
-            what = "a list of numbers" if want is list else want.__name__
-            raise _err(src, f"optim.{k}", f"expected {what}, got {type(v).__name__} {v!r}")
+        s.optim[k] = _typed(src, f"optim.{k}", v, OPTIM_KEYS[k], numbers=OPTIM_KEYS[k] is list)
     try:
         s.optim_config()
     except ValueError as e:

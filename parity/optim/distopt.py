@@ -70,8 +70,9 @@ class DistributedOptimizer:
                 return True
             return Fault.WEIGHT_DECAY_ON_NORMS in self.faults  # the norms decayed too
 
-        groups = [{"params": [pc.master for pc in self.pieces if decayed(pc)]},
-                  {"params": [pc.master for pc in self.pieces if not decayed(pc)], "weight_decay": 0.0}]
+        decays = [decayed(pc) for pc in self.pieces]
+        groups = [{"params": [pc.master for pc, d in zip(self.pieces, decays) if d]},
+                  {"params": [pc.master for pc, d in zip(self.pieces, decays) if not d], "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
         self.optimizer = Adam(groups, **adam_kwargs) if groups else None
 

@@ -297,10 +297,9 @@ class Stack:
         """Grad norm, clipping and zeros over the reduced grads, before the optimizers step
         (docs/spec/megatron.md s1.3 step 5, s2.14)."""
         g = self.groups
-        counted = counted_grads(self.layerwise, self.distopt, self.definition_order, self.cfg.faults)
         clip = self.cfg.optim.clip_grad
         held = held_grads(self.layerwise, self.distopt, self.cfg.faults) if clip > 0 else []
-        st = grad_stats(counted, held, dp_group=g.dp_group, expt_dp_group=g.expt_dp_group,
+        st = grad_stats(self._counted_grads(), held, dp_group=g.dp_group, expt_dp_group=g.expt_dp_group,
                         ep_group=g.ep_group, clip_grad=clip, device=self.device, faults=self.cfg.faults)
         self.last_grad_stats = st
         self.last_step_stats.update(grad_norm=float(st.norm), num_zeros=int(st.num_zeros),
@@ -310,9 +309,11 @@ class Stack:
         """The global norm of the grads the optimizers step with, as they are now (after any
         clipping), counted as :meth:`clip_grads` counts them. Collective: every rank calls it."""
         g = self.groups
-        counted = counted_grads(self.layerwise, self.distopt, self.definition_order, self.cfg.faults)
-        return global_norm(counted, dp_group=g.dp_group, expt_dp_group=g.expt_dp_group,
+        return global_norm(self._counted_grads(), dp_group=g.dp_group, expt_dp_group=g.expt_dp_group,
                            ep_group=g.ep_group, device=self.device)
+
+    def _counted_grads(self):
+        return counted_grads(self.layerwise, self.distopt, self.definition_order, self.cfg.faults)
 
     # -- captured tensors ------------------------------------------------------------------
     def main_grads(self) -> dict:
