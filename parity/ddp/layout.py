@@ -125,36 +125,57 @@ def distopt_layout(params, bucket_size: int | None, dp: int) -> Layout:
 
 
 def padded_layer_wise_layout(params, bucket_size: int | None, dp: int) -> Layout:
-    """The opt-in shard-aligned LayerWise layout: every param lies whole inside one DP shard and
-    every shard of a bucket is as large as the fullest one (the persistent padding the compact
-    layout removes). Params are placed largest-cost first on the least-loaded shard."""
+    """The opt-in shard-aligned LayerWise layout (docs/spec/megatron.md s2.2 (c)): every param lies
+    whole inside one DP shard, and every shard of a bucket is as large as the fullest one (the
+    persistent padding the compact layout removes).
+
+    Chunks follow backprop order. A chunk closes once it holds its soft minimum
+    ``max(bucket_size, 0.9 * dp * largest param)`` and the next param would grow the bucket (it no
+    longer fits the padding of a least-loaded-shard estimate). Each chunk is packed largest
+    Newton-Schulz cost first onto the shard with the least cost so far (carried across chunks),
+    among shards that stay under 1.3x an even share of the chunk; if none does, onto the emptiest.
+    """
     lay = Layout()
-    chunks, cur, cur_numel = [], [], 0
-    for p in reversed(params):
-        cur.append(p)
-        cur_numel += p.numel()
-        if bucket_size is not None and cur_numel >= bucket_size:
-            chunks.append(cur)
-            cur, cur_numel = [], 0
-    if cur or not chunks:
-        chunks.append(cur)
-    start, unpadded = 0, 0
-    for chunk in chunks:
-        cursors, placed = [0] * dp, []
+    shard_align = math.lcm(64, math.lcm(dp, 128) // dp)
+    cost_so_far = [0] * dp
+    start = unpadded = 0
+
+    def emit(chunk):
+        nonlocal start, unpadded
+        cap = sum(p.numel() for p in chunk) / dp * 1.3
+        cursors, members = [0] * dp, [[] for _ in range(dp)]
         for p in sorted(chunk, key=lambda q: -_ns_cost(q)):
-            r = min(range(dp), key=lambda i: (cursors[i], i))
-            off = _pad(cursors[r], 64)
-            placed.append((p, r, off))
-            cursors[r] = off + p.numel()
-            unpadded += p.numel()
-        shard = _pad(max(cursors + [1]), 64)
+            fits = [r for r in range(dp) if _pad(cursors[r], 64) + p.numel() <= cap]
+            r = min(fits, key=lambda i: cost_so_far[i]) if fits else min(range(dp), key=lambda i: cursors[i])
+            cursors[r] = _pad(cursors[r], 64) + p.numel()
+            cost_so_far[r] += _ns_cost(p)
+            members[r].append(p)
+        shard = _pad(max(cursors), shard_align)
         bid = len(lay.buckets)
-        for p, r, off in placed:
-            s = start + r * shard + off
-            lay.index[p] = (s, s + p.numel(), bid)
-            lay.shard_owner[p] = r
+        for r in range(dp):
+            at = start + r * shard
+            for p in members[r]:
+                at = _pad(at, 64)
+                lay.index[p] = (at, at + p.numel(), bid)
+                lay.shard_owner[p] = r
+                at += p.numel()
+        unpadded += sum(p.numel() for p in chunk)
         lay.buckets.append((start, start + dp * shard))
         start += dp * shard
+
+    chunk, estimate = [], [0] * dp
+    for p in reversed(params):
+        n = p.numel()
+        if bucket_size is not None and chunk:
+            soft_min = max(bucket_size, int(0.9 * dp * max(q.numel() for q in chunk)))
+            grows = _pad(min(estimate), 64) + n > _pad(max(estimate), shard_align)
+            if sum(q.numel() for q in chunk) >= soft_min and grows:
+                emit(chunk)
+                chunk, estimate = [], [0] * dp
+        r = min(range(dp), key=lambda i: estimate[i])
+        estimate[r] = _pad(estimate[r], 64) + n
+        chunk.append(p)
+    emit(chunk)
     lay.numel, lay.numel_unpadded = start, unpadded
     return lay
 

@@ -52,6 +52,37 @@ def test_padded_layout_keeps_params_inside_one_shard():
     assert lay.padding > 0  # every shard is as big as the fullest one
 
 
+def test_padded_layout_chunks_absorbs_and_places_as_upstream():
+    """Worked by hand from docs/spec/megatron.md s2.2 (c), dp 2, bucket_size 100, 1-D params (cost
+    = numel), backprop order p4 p3 p2 p1 p0 then p5 p6 (params are given in forward order).
+
+    Chunk 1: after a=64 b=32 c=32 it holds 128 >= max(100, 0.9*2*64) and the estimate is
+    [64, 96]; d=16 fits the padding (64 + 16 <= 128), so it is absorbed, not a new bucket; e=48
+    would grow it (128 + 48 > 128) and closes it. Packing chunk 1 (cap 144/2*1.3 = 93.6): a -> 0,
+    b -> 1 (0 is over the cap), c fits neither, so onto the emptier 1, d -> 0. Shards are 128.
+    Chunk 2 [e, f] (cap 62.4): e fits both and goes to shard 1, whose carried cost (64) is below
+    shard 0's (80); f then fits only shard 0."""
+    f, e, d, c, b, a = _params(48, 48, 16, 32, 32, 64)
+    lay = padded_layer_wise_layout([f, e, d, c, b, a], bucket_size=100, dp=2)
+    assert lay.buckets == [(0, 256), (256, 384)]
+    assert [lay.index[p] for p in (a, d, b, c)] == [(0, 64, 0), (64, 80, 0), (128, 160, 0), (192, 224, 0)]
+    assert lay.index[e] == (320, 368, 1) and lay.index[f] == (256, 304, 1)
+    assert [lay.shard_owner[p] for p in (a, b, c, d, e, f)] == [0, 1, 1, 0, 1, 0]
+    assert lay.numel_unpadded == 240 and lay.numel == 384
+
+
+def test_padded_layout_spreads_the_models_matrices_over_every_rank():
+    """The blind spot the old packing left: with matrices larger than the bucket size every matrix
+    was a bucket of its own owned by rank 0, so no other owner's padded path ever ran."""
+    model = GPT(ModelConfig(moe=True), recipe="blockwise", fp8_param=False, seed=0)
+    for key, params in group_params_for_buffers(model.named_parameters()).items():
+        if key.is_layer_wise and len(params) > 1:
+            dp = 2 if key.is_expert else 4
+            lay = padded_layer_wise_layout(params, bucket_size=4096, dp=dp)
+            assert set(lay.shard_owner.values()) == set(range(dp)), key
+            assert len(lay.buckets) < len(params), key
+
+
 def test_merge_rule_gives_on_the_same_buffers_as_off():
     cfg = ModelConfig(moe=True)
     on = GPT(cfg, recipe="blockwise", fp8_param=True, seed=0)
