@@ -20,9 +20,10 @@ def _rank(ctx, world, moe, recipe, bucket):
     groups = build_groups(1)
     out = {}
     for layout, fp8 in (("compact", True), ("compact", False), ("padded", False)):
+        # overlap on in every arm: without it every buffer is one bucket (docs/spec/megatron.md s2.5)
         s = make_scenario({"name": "mem", "world": world, "moe": moe, "recipe": recipe, "layout": layout,
                            "bucket_size": bucket, "pair": "fp8_param_gather" if fp8 else "overlap_param_gather",
-                           "fp8_param_gather": fp8})
+                           "fp8_param_gather": fp8, "overlap": True})
         cfg = s.stack_configs()[0]
         st = Stack(cfg, groups, torch.device("cpu"))
         out[f"{layout}/fp8={'on' if fp8 else 'off'}"] = {
