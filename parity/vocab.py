@@ -1,4 +1,4 @@
-"""The project's one vocabulary: recipes, layouts, phases, sides and faults.
+"""The project's one vocabulary: recipes, layouts, phases, sides, checks and faults.
 
 Every layer imports these names from here (this module imports nothing from parity), so a typo in
 a recipe, phase or fault name is an error at the point where the string enters, not a silent no-op.
@@ -45,6 +45,39 @@ class Side(StrEnum):
 
     TEST = "test"  # the stack under test (the knob ON); faults apply here only, shared ones to both
     REF = "ref"    # the reference (the knob OFF)
+
+
+class Check(StrEnum):
+    """The harness's checks of the stacks' own state, as report.json names them. A family's checks
+    carry what they looked at after a slash (``nonempty/forward``, ``replicas/expert-dp``)."""
+
+    NONEMPTY = "nonempty"                  # /<phase>: something was compared (resume: across launches)
+    KEYS = "keys"                          # /<phase>: both sides report the same tensors
+    REPORTED = "reported"                  # /<phase>: both sides reported the phase whole
+    REPLICAS = "replicas"                  # /<group>: the ranks of a group hold the same params
+    DROPPED_SET = "dropped-set"            # the keys only OFF reports are the FP8 linears' weights
+    DROPPED_SET_REPLACED = "dropped-set-replaced"  # ... and ON reports their FP8 bytes instead
+    OWNERSHIP_AGREES = "ownership-agrees"
+    OPTIMIZER_COVERAGE = "optimizer-coverage"
+    DISTOPT_SHARDS_TILE = "distopt-shards-tile"
+    INIT_COPIES_DROPPED = "init-copies-dropped"
+    PARAM_SYNC_COVERS = "param-sync-covers"
+    GRAD_NORM_COUNTS_ONCE = "grad-norm-counts-once"
+    GRADS_ZERO_BEFORE_BACKWARD = "grads-zero-before-backward"
+    GRAD_REDUCE_LAUNCH = "grad-reduce-launch"
+    CLIP_REACHES_STEPPED_GRADS = "clip-reaches-stepped-grads"
+    PARAMS_HOLD_MASTERS = "params-hold-masters"
+    OPTIMIZERS_STEP_MASTERS = "optimizers-step-masters"
+    MASTERS_CARRY_QKV_SPLIT = "masters-carry-qkv-split"
+    GRAD_BUFFER_CLEAN = "grad-buffer-clean"
+    PARAM_GATHER_ONCE = "param-gather-once"
+    SAVE_LEAVES_STATE = "save-leaves-state"
+    FINITE = "finite"                      # no NaN or Inf in training (the merged scan)
+
+    @staticmethod
+    def family(name: str) -> "Check":
+        """The check a recorded name belongs to (``keys/forward`` -> KEYS)."""
+        return Check(name.split("/", 1)[0])
 
 
 class Fault(StrEnum):

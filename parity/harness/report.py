@@ -9,7 +9,7 @@ import struct
 import tempfile
 import xml.etree.ElementTree as ET
 
-from parity.vocab import STEP_PHASES
+from parity.vocab import STEP_PHASES, Check
 
 PHASE_ORDER = {p: i for i, p in enumerate(("init",) + STEP_PHASES)}
 OPTIM_STATS = ("step", "lr", "grad_norm", "grad_norm_b", "num_zeros", "num_zeros_b",
@@ -60,6 +60,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
         "n_divergences": len(divs),
         "failed_checks": failed_checks[:20],
         "n_failed_checks": len(failed_checks),
+        "checks": checks_run(checks),
+        "checks_not_run": [str(c) for c in Check if c not in {Check.family(x["check"]) for x in checks}],
         "nonfinite": {"first": nonfinite[0], "count": len(nonfinite), "events": nonfinite[:50]}
         if nonfinite else None,
         "messages": [m for r in results for m in r["messages"]][:30],
@@ -79,6 +81,37 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
         "scenario": scenario.to_dict(),
         "divergence_table": _div_table(divs),
     }
+
+
+def checks_run(checks: list[dict]) -> list[dict]:
+    """What the checks looked at, per recorded check name over every rank and step: how often it
+    was evaluated, on how many ranks, at which steps, how often it failed. A check a scenario never
+    evaluates (no clipping, no checkpoint save) is in ``checks_not_run`` instead: it guarded
+    nothing there."""
+    by: dict = {}
+    for c in checks:
+        row = by.setdefault(c["check"], {"check": c["check"], "evaluated": 0, "failed": 0, "ranks": set(),
+                                         "steps": set()})
+        row["evaluated"] += 1
+        row["failed"] += not c["ok"]
+        row["ranks"].add(c["rank"])
+        row["steps"].add(c["step"])
+    order = {str(c): i for i, c in enumerate(Check)}
+    return [{**r, "ranks": len(r["ranks"]), "steps": [min(r["steps"]), max(r["steps"])]}
+            for r in sorted(by.values(), key=lambda r: (order[str(Check.family(r["check"]))], r["check"]))]
+
+
+def checks_line(e: dict) -> str:
+    """One scenario's checks in a line: each family's evaluations (failures in brackets), then the
+    checks it never ran."""
+    fams: dict = {}
+    for r in e["checks"]:
+        f = fams.setdefault(str(Check.family(r["check"])), [0, 0])
+        f[0] += r["evaluated"]
+        f[1] += r["failed"]
+    ran = ", ".join(f"{name} {n}" + (f" [{bad} failed]" if bad else "") for name, (n, bad) in fams.items())
+    idle = ", ".join(e.get("checks_not_run") or []) or "none"
+    return f"{ran}; not run: {idle}"
 
 
 def _peaks(results: list[dict]) -> dict:
@@ -180,7 +213,7 @@ def _nonfinite_check(events: list[dict]) -> dict:
                     (first.get("step"), first.get("phase"), first.get("tensor"), first.get("rank"))},
                    key=lambda side: _SIDE_ORDER.get(side, 2))
     where = f"step {first.get('step')}/{first.get('phase')}/{first.get('tensor')}/rank {first.get('rank')}"
-    return {"step": first.get("step"), "check": "finite", "ok": False, "rank": first.get("rank"),
+    return {"step": first.get("step"), "check": str(Check.FINITE), "ok": False, "rank": first.get("rank"),
             "message": f"non-finite value in training: first at {where}: {kind}"
                        f"{' in ' + ' and '.join(sides) if sides else ''}; {len(events)} occurrence(s) in all "
                        f"(parity between NaN/Inf values proves nothing)"}
@@ -277,6 +310,13 @@ def summary_md(entries) -> str:
             golden += f": {e['golden_detail']['summary']}"
         lines.append(f"| {e['name']} | {e['status']} | {e['steps']} | {e['compared']} | "
                      f"{golden} | {fds} |")
+    checked = [e for e in entries if e.get("checks")]
+    if checked:
+        lines += ["", "## What the checks looked at", "",
+                  "Evaluations of each check over all ranks and steps (failed ones in brackets); a check "
+                  "not run guarded nothing in that scenario.", ""]
+        for e in checked:
+            lines += [f"- {e['name']}: " + checks_line(e)]
     timed = [e for e in entries if e.get("timing")]
     if timed:
         from parity.harness.timing import timing_md

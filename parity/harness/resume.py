@@ -38,7 +38,7 @@ from parity.harness import report as rep
 from parity.harness.errors import ParityError
 from parity.harness.snapshot import tensor_sha256
 from parity.optim import checkpoint as ckpt
-from parity.vocab import Side
+from parity.vocab import Check, Side
 
 RESHARD_NOTE = ("bits after a reshard are not compared with the uninterrupted run: the reduction "
                 "order changes with the DP size")
@@ -231,7 +231,7 @@ def _checkpoint_dir(opts, scenario):
 def _verdict(scenario, divs: list, compared: int, what: str) -> dict:
     """The results of the comparison across launches, as one more result to merge."""
     return {"rank": -1, "divergences": divs, "compared": compared, "compared_by_phase": {"resume": compared},
-            "checks": [{"step": scenario.resume_at, "check": "nonempty/resume", "ok": compared > 0, "rank": -1,
+            "checks": [{"step": scenario.resume_at, "check": f"{Check.NONEMPTY}/resume", "ok": compared > 0, "rank": -1,
                         "message": "" if compared else f"{what}: nothing compared across launches"}],
             "messages": [d["message"] for d in divs[:30]], "steps": [], "snapshots": []}
 

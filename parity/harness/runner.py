@@ -35,7 +35,7 @@ from parity.harness.snapshot import tensor_sha256
 from parity.harness.timing import PhaseClock, profile_file
 from parity.model import is_expert_param, is_layer_wise_managed, is_quantized_param
 from parity.optim.stack import Stack, fp8_parts
-from parity.vocab import FIRED, STEP_PHASES, Phase, Side
+from parity.vocab import FIRED, STEP_PHASES, Check, Phase, Side
 
 MAX_MESSAGES = 50
 HEARTBEAT = None  # set by the parent-side wrapper: HEARTBEAT(step, phase)
@@ -313,7 +313,7 @@ class LockstepRunner:
             for side, stack in self._stacks().items():
                 after = _live_state_digests(stack)
                 moved = sorted(k for k in set(before[side]) | set(after) if before[side].get(k) != after.get(k))
-                self._check(step, "save-leaves-state", not moved,
+                self._check(step, Check.SAVE_LEAVES_STATE, not moved,
                             f"step {step}/{side.value}/rank {self.rank}: the checkpoint save changed {len(moved)} live "
                             f"tensor(s) of the stack, first {moved[:3]}")
             self.clock.harness_done(step, "checkpoint")
@@ -444,7 +444,7 @@ class LockstepRunner:
                 name = _resolve_param(inj.param, self.star, phase, cur)
                 if not self._another_ranks_expert(name):
                     raise KeyError(f"--inject: no tensor {name!r} in phase {phase}")
-        self._check(step, f"nonempty/{phase}", len(st.compared.get(phase, ())) > 0,
+        self._check(step, f"{Check.NONEMPTY}/{phase}", len(st.compared.get(phase, ())) > 0,
                     f"step {step}/{phase}/rank {self.rank}: nothing to compare (empty key set)")
         one_sided = set(cur) - set(ref)
         if phase == Phase.GRAD_REDUCE:  # all-reduced grads: every replica must hold the same
@@ -457,8 +457,10 @@ class LockstepRunner:
         else:
             one_sided |= set(ref) - set(cur)
         for k in sorted(one_sided):
-            self._check(step, f"keys/{phase}", False, f"step {step}/{phase}/{k}/rank {self.rank}: present "
+            self._check(step, f"{Check.KEYS}/{phase}", False, f"step {step}/{phase}/{k}/rank {self.rank}: present "
                         f"only in {'ON' if k in cur else 'OFF'}")
+        if not one_sided:
+            self._check(step, f"{Check.KEYS}/{phase}", True, "")
         if phase == Phase.FORWARD:
             st.record["loss_bits"] = loss_bits(cur["loss"])
             st.record["loss"] = repr(float(cur["loss"]))
@@ -501,7 +503,7 @@ class LockstepRunner:
             res.messages.append(diff.message())
 
     def _check(self, step, name, ok, msg) -> None:
-        self.result.checks.append({"step": step, "check": name, "ok": bool(ok), "rank": self.rank,
+        self.result.checks.append({"step": step, "check": str(name), "ok": bool(ok), "rank": self.rank,
                                    "message": "" if ok else msg})
 
     def _scan_nonfinite(self, step, phase, live) -> None:
@@ -513,6 +515,8 @@ class LockstepRunner:
         if not floats:
             return
         finite = torch.stack([torch.isfinite(v).all() for _, v in floats]).tolist()  # one sync on a GPU
+        if all(finite):  # a non-finite value is an event: the merge makes the failed check of every rank's
+            self._check(step, Check.FINITE, True, "")
         for (k, v), ok in zip(floats, finite):
             if len(self.result.nonfinite) >= 50:
                 return
@@ -529,7 +533,7 @@ class LockstepRunner:
         # Ownership must be one table on every rank (all-gathered and compared).
         for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
             tables = all_gather_object(test.layerwise.ownership_table(expert), group)
-            self._check(-1, "ownership-agrees", all(t == tables[0] for t in tables),
+            self._check(-1, Check.OWNERSHIP_AGREES, all(t == tables[0] for t in tables),
                         f"ranks of the {'expert-' if expert else ''}DP group disagree on LayerWise "
                         f"ownership (a param owned by 0 or 2 ranks)")
         # Every trainable param is stepped by exactly one optimizer: LayerWise (some rank owns
@@ -538,7 +542,7 @@ class LockstepRunner:
         do_names = {test.names[p] for b in test.distopt.buffers for p in b.params}
         orphans = sorted(set(test.names.values()) - lw_names - do_names)
         twice = sorted(lw_names & do_names)
-        self._check(-1, "optimizer-coverage", not orphans and not twice,
+        self._check(-1, Check.OPTIMIZER_COVERAGE, not orphans and not twice,
                     f"params stepped by no optimizer: {orphans[:3]}; by two: {twice[:3]}")
         # ...and every element of a DistOpt param by exactly one rank's shard piece.
         for expert, group in ((False, groups.dp_group), (True, groups.expt_dp_group)):
@@ -553,12 +557,12 @@ class LockstepRunner:
                     mine.append((test.names[pc.param], pc.lo - start, pc.hi - start))
             pieces = [x for rank in all_gather_object(mine, group) for x in rank]
             bad = _untiled(pieces, numel)
-            self._check(-1, "distopt-shards-tile", not bad,
+            self._check(-1, Check.DISTOPT_SHARDS_TILE, not bad,
                         f"{len(bad)} DistOpt params whose elements the {'expert-' if expert else ''}DP "
                         f"ranks' shard pieces do not cover exactly once, first: {bad[:2]}")
         # Only owners may keep a high-precision init copy, and only until their master exists.
         kept = [test.names[p] for p in test.params if getattr(p, "hp_init", None) is not None]
-        self._check(-1, "init-copies-dropped", not kept,
+        self._check(-1, Check.INIT_COPIES_DROPPED, not kept,
                     f"{len(kept)} FP8 params still hold a high-precision init copy after optimizer "
                     f"construction (first: {kept[:2]})")
 
@@ -579,7 +583,7 @@ class LockstepRunner:
         hooks would leave the comparison unnoticed."""
         for side, stack, got in (("ON", self.test, cur), ("OFF", self.ref, ref)):
             missing = [n for n in stack.names.values() if n not in got and f"{n}.fp8.rowwise_data" not in got]
-            self._check(step, "param-sync-covers", not missing,
+            self._check(step, Check.PARAM_SYNC_COVERS, not missing,
                         f"step {step}/param_sync/rank {self.rank}: {len(missing)} params {side} holds not "
                         f"reported, first: {missing[:3]}")
 
@@ -603,7 +607,7 @@ class LockstepRunner:
             self._grad_reduce_check(step, side, stack)
         if phase == Phase.OPTIMIZER and stack.last_grad_stats is not None:
             counted = stack.last_grad_stats.elements
-            self._check(step, "grad-norm-counts-once", counted == self.trainable_elements,
+            self._check(step, Check.GRAD_NORM_COUNTS_ONCE, counted == self.trainable_elements,
                         f"step {step}/{side.value}: the grad norm counted {counted} elements over the ranks, "
                         f"the model has {self.trainable_elements}")
             if stack.last_grad_stats.clip_coef is not None:
@@ -614,7 +618,7 @@ class LockstepRunner:
             # or the first backward accumulates onto what is left (a bf16 grad does; an FP8
             # weight's first-microbatch wgrad overwrites and hides it).
             dirty = [i for i, b in enumerate(stack.ddp.all_buffers()) if bool(b.grad_data.any())]
-            self._check(step, "grads-zero-before-backward", not dirty,
+            self._check(step, Check.GRADS_ZERO_BEFORE_BACKWARD, not dirty,
                         f"step {step + 1}/{side.value}/rank {self.rank}: {len(dirty)} grad buffer(s) not zero "
                         f"after the first forward, before the backward (buffers {dirty[:4]})")
         if phase == Phase.PARAM_SYNC:
@@ -639,7 +643,7 @@ class LockstepRunner:
             g = groups[bad[0]]
             detail = (f"bucket group {bad[0]} ({stack.names[g.params[0]]}, ...) launched "
                       f"{g.grad_reduces[seen[bad[0]]:] or 'no reduction'}")
-        self._check(step, "grad-reduce-launch", not bad,
+        self._check(step, Check.GRAD_REDUCE_LAUNCH, not bad,
                     f"step {step}/{side.value}/rank {self.rank}: {len(bad)} bucket group(s) did not launch "
                     f"exactly one reduction {'from the backward hooks' if overlapped else 'in finish_grad_sync'}; "
                     f"first: {detail}")
@@ -657,7 +661,7 @@ class LockstepRunner:
             ok = abs(float(now) - coef * norm) <= CLIP_NORM_RTOL * coef * norm
         else:
             ok = torch.equal(bit_view(now), bit_view(st.norm))
-        self._check(step, "clip-reaches-stepped-grads", ok,
+        self._check(step, Check.CLIP_REACHES_STEPPED_GRADS, ok,
                     f"step {step}/{side.value}: the grads the optimizers stepped with have norm {float(now)!r}; "
                     f"the clip (coefficient {coef!r} of norm {norm!r}) aimed at {min(coef, 1.0) * norm!r}")
 
@@ -666,7 +670,7 @@ class LockstepRunner:
         (docs/spec/megatron.md s2.8): after each param sync, and after a checkpoint load."""
         bad = [name for name, values, master in stack.master_pairs()
                if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
-        self._check(step, "params-hold-masters", not bad,
+        self._check(step, Check.PARAMS_HOLD_MASTERS, not bad,
                     f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's "
                     f"rounding {when}, first {bad[:3]}")
 
@@ -681,13 +685,13 @@ class LockstepRunner:
         lw, do = stack.layerwise, stack.distopt
         ok = (stepped(lw.muon) == {id(m) for m in lw.masters.values()}
               and stepped(do.optimizer) == {id(pc.master) for pc in do.pieces})
-        self._check(step, "optimizers-step-masters", ok,
+        self._check(step, Check.OPTIMIZERS_STEP_MASTERS, ok,
                     f"step {step}/{side.value}/rank {self.rank}: an optimizer steps tensors other than the masters "
                     f"the stack holds (Muon: {len(stepped(lw.muon))} stepped, {len(lw.masters)} held; Adam: "
                     f"{len(stepped(do.optimizer))} stepped, {len(do.pieces)} pieces)")
         apart = [stack.names[p] for p, m in lw.masters.items()  # (no split on the param: none on its master)
                  if getattr(m, "qkv_split_shapes", None) != getattr(p, "qkv_split_shapes", None)]
-        self._check(step, "masters-carry-qkv-split", not apart,
+        self._check(step, Check.MASTERS_CARRY_QKV_SPLIT, not apart,
                     f"step {step}/{side.value}/rank {self.rank}: {len(apart)} master(s) whose fused-QKV split "
                     f"differs from their param's, first {apart[:3]}")
 
@@ -696,7 +700,7 @@ class LockstepRunner:
         the LayerWise grad buffers the gather landed in hold no payload."""
         clean = self.test.grad_buffer_clean
         if clean is not None:
-            self._check(step, "grad-buffer-clean", clean,
+            self._check(step, Check.GRAD_BUFFER_CLEAN, clean,
                         f"step {step}: LayerWise grad_data (DP > 1) not zero after force_sync (gather payload left)")
 
     def _gather_checks(self) -> None:
@@ -721,7 +725,7 @@ class LockstepRunner:
                 msg = (f"step {w.step}: bucket group {r['group']} ({r['first_param']}): gathers {use}: "
                        f"{r['before_first_use'] or 'none'}, in the whole window: {r['total'] or 'none'}; "
                        f"expected exactly {r['expect']} by {r['by']} ({len(bad)} group(s) wrong)")
-            self._check(w.step, "param-gather-once", not bad, msg)
+            self._check(w.step, Check.PARAM_GATHER_ONCE, not bad, msg)
 
     def _replicated(self, name: str) -> bool:
         """Does another rank hold a replica of this tensor (its DP group has more than one rank)?
@@ -744,7 +748,7 @@ class LockstepRunner:
             else:  # find which tensors differ: every rank of the group takes this branch
                 all_tables = all_gather_object(table, group)
                 bad = sorted(k for k in table if len({t.get(k) for t in all_tables}) > 1)
-            self._check(step, f"replicas/{name}", not bad,
+            self._check(step, f"{Check.REPLICAS}/{name}", not bad,
                         f"step {step}: {len(bad)} tensors differ across {name} replicas, first: {bad[:3]}")
 
     # -- closing steps ---------------------------------------------------------------------
@@ -764,7 +768,7 @@ class LockstepRunner:
             for phase in self.step_phases:  # a phase one side stopped reporting is a comparison lost
                 missing = [side for side, caps in (("ON", st.test), ("OFF", st.ref))
                            if phase not in caps or not caps[phase].complete]
-                self._check(step, f"reported/{phase}", not missing,
+                self._check(step, f"{Check.REPORTED}/{phase}", not missing,
                             f"step {step}/{phase}/rank {self.rank}: not reported whole by {' and '.join(missing)}")
             self._replica_checks(step, st)
             res = self.result
@@ -823,10 +827,10 @@ def _check_dropped_set(live, ref, step, check, expect: list) -> None:
     lost, not an FP8 weight."""
     dropped = sorted(set(ref) - set(live))
     lost = [k for k in dropped if f"{k}.fp8.rowwise_data" not in live]
-    check(step, "dropped-set-replaced", not lost,
+    check(step, Check.DROPPED_SET_REPLACED, not lost,
           f"step {step}: {len(lost)} param_sync keys only in OFF have no FP8 bytes in ON (first: {lost[:1]})")
     missing, extra = sorted(set(expect) - set(dropped)), sorted(set(dropped) - set(expect))
-    check(step, "dropped-set", not missing and not extra,
+    check(step, Check.DROPPED_SET, not missing and not extra,
           f"step {step}: {len(dropped)} param_sync keys only in OFF, {len(expect)} expected (the bf16 "
           f"copies of FP8 linear weights); ON reports in bf16: {missing[:2]}, OFF alone reports: {extra[:2]}")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from parity.harness.faults import CATALOGUE, Injection
 from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
+from parity.vocab import Check
 
 QUICK_SET = "quick"
 """Every case runs on a scenario of this shipped set (scenarios/quick.toml), named quick-<key>:
@@ -32,6 +33,10 @@ class Expect:
     tensor: str | None = None
     check: str | None = None
     error: str | None = None
+
+    def __post_init__(self):
+        if self.check is not None:
+            Check.family(self.check)  # a misspelt check is an error here, not a case never caught
 
     def __str__(self):
         if self.kind in ("mismatch", "golden"):

@@ -14,6 +14,7 @@ from parity.harness.driver import run_scenario
 from parity.harness.runner import RunOptions
 from parity.harness.faults import parse_injection
 from parity.harness.scenario import load_all, load_set
+from parity.vocab import Check
 
 SCENARIOS = load_all()
 CI_STEPS = 8
@@ -81,6 +82,13 @@ def test_scenario_passes(scenario):
     assert entry["steps"] == scenario.steps
     for phase, n in entry["compared_by_phase"].items():
         assert n > 0, phase
+    # what the checks looked at: every recorded check is a catalogued one, and those the
+    # configuration calls for ran
+    ran = {Check.family(c["check"]) for c in entry["checks"]}
+    assert ran.isdisjoint(entry["checks_not_run"]) and ran | set(entry["checks_not_run"]) == set(Check)
+    assert all(c["evaluated"] > 0 and c["failed"] == 0 for c in entry["checks"])
+    assert (Check.CLIP_REACHES_STEPPED_GRADS in ran) == (scenario.clip_grad > 0)
+    assert (Check.SAVE_LEAVES_STATE in ran) == (scenario.resume_at is not None)
     goldens_cli.check(entry, scenario, results, found, require=True)
     print("\n".join(entry["golden_messages"]))  # the drift table, shown with -rP or on failure
     assert entry["golden"] == "pass", entry["golden_messages"]
