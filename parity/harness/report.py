@@ -85,7 +85,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
 
 def checks_run(checks: list[dict]) -> list[dict]:
     """What the checks looked at, per recorded check name over every rank and step: how often it
-    was evaluated, on how many ranks, at which steps, how often it failed. A check a scenario never
+    was evaluated, on how many ranks, at which steps, how often it failed, and, for a check that
+    counts them, how many things it looked at in all (0: every evaluation passed on nothing). A check a scenario never
     evaluates (no clipping, no checkpoint save) is in ``checks_not_run`` instead: it guarded
     nothing there."""
     by: dict = {}
@@ -96,6 +97,8 @@ def checks_run(checks: list[dict]) -> list[dict]:
         row["failed"] += not c["ok"]
         row["ranks"].add(c["rank"])
         row["steps"].add(c["step"])
+        if "examined" in c:
+            row["examined"] = row.get("examined", 0) + c["examined"]
     order = {str(c): i for i, c in enumerate(Check)}
     return [{**r, "ranks": len(r["ranks"]), "steps": [min(r["steps"]), max(r["steps"])]}
             for r in sorted(by.values(), key=lambda r: (order[str(Check.family(r["check"]))], r["check"]))]
@@ -111,7 +114,8 @@ def checks_line(e: dict) -> str:
         f[1] += r["failed"]
     ran = ", ".join(f"{name} {n}" + (f" [{bad} failed]" if bad else "") for name, (n, bad) in fams.items())
     idle = ", ".join(e.get("checks_not_run") or []) or "none"
-    return f"{ran}; not run: {idle}"
+    vacuous = [r["check"] for r in e["checks"] if r.get("examined") == 0]
+    return f"{ran}; not run: {idle}" + (f"; examined nothing: {', '.join(vacuous)}" if vacuous else "")
 
 
 def _peaks(results: list[dict]) -> dict:

@@ -502,9 +502,13 @@ class LockstepRunner:
         if len(res.messages) < MAX_MESSAGES:
             res.messages.append(diff.message())
 
-    def _check(self, step, name, ok, msg) -> None:
-        self.result.checks.append({"step": step, "check": str(name), "ok": bool(ok), "rank": self.rank,
-                                   "message": "" if ok else msg})
+    def _check(self, step, name, ok, msg, examined: int | None = None) -> None:
+        """Record one evaluation of a check; ``examined``: how many things it looked at (where a
+        configuration can leave it none: a rank without masters), so a vacuous pass shows."""
+        rec = {"step": step, "check": str(name), "ok": bool(ok), "rank": self.rank, "message": "" if ok else msg}
+        if examined is not None:
+            rec["examined"] = examined
+        self.result.checks.append(rec)
 
     def _scan_nonfinite(self, step, phase, live) -> None:
         # The optimizer's state from step 0 on: a NaN there need not reach the loss (a never-routed
@@ -668,11 +672,12 @@ class LockstepRunner:
     def _masters_check(self, step: int, side: Side, stack: Stack, when: str) -> None:
         """Every param this rank holds an fp32 master for holds that master rounded to its dtype
         (docs/spec/megatron.md s2.8): after each param sync, and after a checkpoint load."""
-        bad = [name for name, values, master in stack.master_pairs()
+        pairs = list(stack.master_pairs())
+        bad = [name for name, values, master in pairs
                if not torch.equal(bit_view(values), bit_view(master.to(values.dtype)))]
         self._check(step, Check.PARAMS_HOLD_MASTERS, not bad,
                     f"step {step}/{side.value}/rank {self.rank}: {len(bad)} param(s) not their master's "
-                    f"rounding {when}, first {bad[:3]}")
+                    f"rounding {when}, first {bad[:3]}", examined=len(pairs))
 
     def _optimizer_targets_check(self, step: int, side: Side, stack: Stack) -> None:
         """The tensors each optimizer steps (its own param lists) are the masters the stack holds
@@ -749,7 +754,8 @@ class LockstepRunner:
                 all_tables = all_gather_object(table, group)
                 bad = sorted(k for k in table if len({t.get(k) for t in all_tables}) > 1)
             self._check(step, f"{Check.REPLICAS}/{name}", not bad,
-                        f"step {step}: {len(bad)} tensors differ across {name} replicas, first: {bad[:3]}")
+                        f"step {step}: {len(bad)} tensors differ across {name} replicas, first: {bad[:3]}",
+                        examined=len(table))
 
     # -- closing steps ---------------------------------------------------------------------
     def _closed(self, st: _StepState) -> bool:
@@ -828,11 +834,13 @@ def _check_dropped_set(live, ref, step, check, expect: list) -> None:
     dropped = sorted(set(ref) - set(live))
     lost = [k for k in dropped if f"{k}.fp8.rowwise_data" not in live]
     check(step, Check.DROPPED_SET_REPLACED, not lost,
-          f"step {step}: {len(lost)} param_sync keys only in OFF have no FP8 bytes in ON (first: {lost[:1]})")
+          f"step {step}: {len(lost)} param_sync keys only in OFF have no FP8 bytes in ON (first: {lost[:1]})",
+          examined=len(dropped))
     missing, extra = sorted(set(expect) - set(dropped)), sorted(set(dropped) - set(expect))
     check(step, Check.DROPPED_SET, not missing and not extra,
           f"step {step}: {len(dropped)} param_sync keys only in OFF, {len(expect)} expected (the bf16 "
-          f"copies of FP8 linear weights); ON reports in bf16: {missing[:2]}, OFF alone reports: {extra[:2]}")
+          f"copies of FP8 linear weights); ON reports in bf16: {missing[:2]}, OFF alone reports: {extra[:2]}",
+          examined=len(set(expect) | set(dropped)))
 
 
 CLIP_NORM_RTOL = 1e-4

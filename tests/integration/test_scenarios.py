@@ -89,6 +89,8 @@ def test_scenario_passes(scenario):
     assert all(c["evaluated"] > 0 and c["failed"] == 0 for c in entry["checks"])
     assert (Check.CLIP_REACHES_STEPPED_GRADS in ran) == (scenario.clip_grad > 0)
     assert (Check.SAVE_LEAVES_STATE in ran) == (scenario.resume_at is not None)
+    masters = next(c for c in entry["checks"] if c["check"] == Check.PARAMS_HOLD_MASTERS)
+    assert masters["examined"] > 0  # some rank compared some master with its param
     goldens_cli.check(entry, scenario, results, found, require=True)
     print("\n".join(entry["golden_messages"]))  # the drift table, shown with -rP or on failure
     assert entry["golden"] == "pass", entry["golden_messages"]
