@@ -137,7 +137,7 @@ def test_param_sync_dropped_set_checks_can_fail():
     on = {"w.fp8.rowwise_data": t, "v.fp8.rowwise_data": t, "norm": t}
     off = {"w": t, "w.fp8.rowwise_data": t, "v": t, "v.fp8.rowwise_data": t, "norm": t}
     results = []
-    check = lambda step, name, ok, msg: results.append((name, ok))
+    check = lambda step, name, ok, msg, examined=None: results.append((name, ok))
     _check_dropped_set(on, off, 0, check, ["v", "w"])
     assert results == [("dropped-set-replaced", True), ("dropped-set", True)]
     _check_dropped_set(on, off, 0, check, [])  # nothing expected, two dropped
