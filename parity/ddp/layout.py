@@ -167,7 +167,7 @@ def padded_layer_wise_layout(params, bucket_size: int | None, dp: int) -> Layout
     for p in reversed(params):
         n = p.numel()
         if bucket_size is not None and chunk:
-            soft_min = max(bucket_size, int(0.9 * dp * max(q.numel() for q in chunk)))
+            soft_min = max(bucket_size, int(dp * max(q.numel() for q in chunk) * 0.9))  # upstream's order
             grows = _pad(min(estimate), 64) + n > _pad(max(estimate), shard_align)
             if sum(q.numel() for q in chunk) >= soft_min and grows:
                 emit(chunk)
