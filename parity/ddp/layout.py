@@ -163,18 +163,19 @@ def padded_layer_wise_layout(params, bucket_size: int | None, dp: int) -> Layout
         lay.buckets.append((start, start + dp * shard))
         start += dp * shard
 
-    chunk, estimate = [], [0] * dp
+    chunk, estimate, chunk_numel, largest = [], [0] * dp, 0, 0
     for p in reversed(params):
         n = p.numel()
         if bucket_size is not None and chunk:
-            soft_min = max(bucket_size, int(dp * max(q.numel() for q in chunk) * 0.9))  # upstream's order
+            soft_min = max(bucket_size, int(dp * largest * 0.9))  # upstream's operand order
             grows = _pad(min(estimate), 64) + n > _pad(max(estimate), shard_align)
-            if sum(q.numel() for q in chunk) >= soft_min and grows:
+            if chunk_numel >= soft_min and grows:
                 emit(chunk)
-                chunk, estimate = [], [0] * dp
+                chunk, estimate, chunk_numel, largest = [], [0] * dp, 0, 0
         r = min(range(dp), key=lambda i: estimate[i])
         estimate[r] = _pad(estimate[r], 64) + n
         chunk.append(p)
+        chunk_numel, largest = chunk_numel + n, max(largest, n)
     emit(chunk)
     lay.numel, lay.numel_unpadded = start, unpadded
     return lay

@@ -49,6 +49,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
         failed_checks.insert(0, _nonfinite_check(nonfinite))
     status = "pass" if not divs and not failed_checks and not missing_phases else "fail"
     steps = results[0]["steps"] if results else []
+    looked = checks_run(checks)
+    ran = {Check.family(r["check"]) for r in looked}
     return {
         "name": scenario.name,
         "status": status,
@@ -60,8 +62,8 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
         "n_divergences": len(divs),
         "failed_checks": failed_checks[:20],
         "n_failed_checks": len(failed_checks),
-        "checks": checks_run(checks),
-        "checks_not_run": [str(c) for c in Check if c not in {Check.family(x["check"]) for x in checks}],
+        "checks": looked,
+        "checks_not_run": [str(c) for c in Check if c not in ran],
         "nonfinite": {"first": nonfinite[0], "count": len(nonfinite), "events": nonfinite[:50]}
         if nonfinite else None,
         "messages": [m for r in results for m in r["messages"]][:30],
@@ -86,9 +88,9 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
 def checks_run(checks: list[dict]) -> list[dict]:
     """What the checks looked at, per recorded check name over every rank and step: how often it
     was evaluated, on how many ranks, at which steps, how often it failed, and, for a check that
-    counts them, how many things it looked at in all (0: every evaluation passed on nothing). A check a scenario never
-    evaluates (no clipping, no checkpoint save) is in ``checks_not_run`` instead: it guarded
-    nothing there."""
+    counts them, how many things it looked at in all (0: every evaluation passed on nothing). A
+    check a scenario never evaluates (no clipping, no checkpoint save) is in ``checks_not_run``
+    instead: it guarded nothing there."""
     by: dict = {}
     for c in checks:
         row = by.setdefault(c["check"], {"check": c["check"], "evaluated": 0, "failed": 0, "ranks": set(),
@@ -99,9 +101,9 @@ def checks_run(checks: list[dict]) -> list[dict]:
         row["steps"].add(c["step"])
         if "examined" in c:
             row["examined"] = row.get("examined", 0) + c["examined"]
-    order = {str(c): i for i, c in enumerate(Check)}
+    order = {c: i for i, c in enumerate(Check)}
     return [{**r, "ranks": len(r["ranks"]), "steps": [min(r["steps"]), max(r["steps"])]}
-            for r in sorted(by.values(), key=lambda r: (order[str(Check.family(r["check"]))], r["check"]))]
+            for r in sorted(by.values(), key=lambda r: (order[Check.family(r["check"])], r["check"]))]
 
 
 def checks_line(e: dict) -> str:
