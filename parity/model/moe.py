@@ -45,22 +45,33 @@ def _exchange_counts(per_expert: torch.Tensor, ep_size: int, group) -> torch.Ten
 
 
 class SwiGLU(nn.Module):
+    """``fc2(silu(gate) * up)``, the product rounded once to the input's dtype, as upstream's fused
+    SwiGLU computes it. A routed expert gets each row's routing prob and scales the activation by it
+    before ``fc2`` (upstream's weighted SwiGLU), so ``fc2`` quantizes the scaled rows."""
+
     def __init__(self, fc1: nn.Module, fc2: nn.Module):
         super().__init__()
         self.fc1, self.fc2 = fc1, fc2
 
-    def forward(self, x):
+    def forward(self, x, probs=None):
         gate, up = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2((F.silu(gate.float()) * up.float()).to(x.dtype))
+        act = F.silu(gate.float()) * up.float()
+        if probs is not None:
+            act = act * probs.float()
+        return self.fc2(act.to(x.dtype))
 
 
 class MoE(nn.Module):
-    """Top-k router (a bf16 matrix: Muon-managed, never quantized) over experts spread on EP ranks.
+    """Top-k router (a bf16 matrix: Muon-managed, never quantized) over experts spread on EP ranks,
+    routed as upstream's default (docs/spec/megatron.md s2.18): the top k of the bf16 logits, a
+    softmax over those k, the probs rounded to bf16; each prob travels with its token to the expert,
+    which scales its activation by it before ``fc2``; the expert outputs are summed per token in
+    bf16, in expert order.
 
     ``experts`` holds only this rank's experts, keyed by their global index, so parameter names
     and init values do not depend on the EP size. ``dead_experts`` are never selected: a -inf
-    selection bias (Megatron's expert bias, used for top-k selection only, here frozen); the
-    combine weights stay the router's probabilities.
+    selection bias on the logits (used for the top-k selection only, frozen); the probs are the
+    softmax of the selected experts' own logits.
     """
 
     def __init__(self, router_init: torch.Tensor, experts: dict[int, nn.Module], num_experts: int,
@@ -79,16 +90,20 @@ class MoE(nn.Module):
             bias[list(dead_experts)] = float("-inf")
         self.register_buffer("selection_bias", bias, persistent=False)
 
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, num_experts] logits -> the k probs [T, k] (the logits' dtype) and experts [T, k]."""
+        if self.selection_bias is None:
+            top, chosen = torch.topk(logits, self.topk, dim=-1)
+        else:
+            chosen = torch.topk(logits.float() + self.selection_bias, self.topk, dim=-1).indices
+            top = logits.gather(-1, chosen)
+        return torch.softmax(top.float(), dim=-1).to(logits.dtype), chosen
+
     def forward(self, h):
         shape = h.shape
         h = h.reshape(-1, shape[-1])
         T, k = h.shape[0], self.topk
-        probs = torch.softmax(self.router(h).float(), dim=-1)
-        if self.selection_bias is None:
-            weights, chosen = torch.topk(probs, k, dim=-1)
-        else:
-            chosen = torch.topk(probs + self.selection_bias, k, dim=-1).indices
-            weights = probs.gather(-1, chosen)
+        probs, chosen = self.route(self.router(h))
 
         # Assignments (token, slot) sorted by expert; ties keep token order (keys are unique).
         expert_of = chosen.reshape(-1)
@@ -100,20 +115,22 @@ class MoE(nn.Module):
         send_counts = per_expert.view(self.ep_size, self.per_rank).sum(1).tolist()
         recv_counts = received.sum(1).tolist()
 
-        x = _AllToAll.apply(h[tokens], send_counts, recv_counts, self.ep_group)
+        # A row's prob rides in one more column of the same dtype: one exchange carries both.
+        rows = torch.cat([h[tokens], probs.reshape(-1)[order].unsqueeze(1)], dim=1)
+        x = _AllToAll.apply(rows, send_counts, recv_counts, self.ep_group)
+        x, p = x[:, :-1], x[:, -1:]
         local = torch.arange(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank, device=h.device)
         ids = torch.repeat_interleave(local.repeat(received.shape[0]), received.reshape(-1))
 
         # Each local expert sees its rows in (source rank, token) order: deterministic on every rank.
         pieces, where = [], []
         for e in range(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank):
-            rows = torch.nonzero(ids == e).squeeze(1)
-            pieces.append(self.experts[str(e)](x[rows]))
-            where.append(rows)
+            mine = torch.nonzero(ids == e).squeeze(1)
+            pieces.append(self.experts[str(e)](x[mine], p[mine]))
+            where.append(mine)
         y = torch.cat(pieces)[torch.argsort(torch.cat(where))]
 
         y = _AllToAll.apply(y, recv_counts, send_counts, self.ep_group)
-        # Back to (token, slot) order with a gather: deterministic on every device.
-        per_slot = y[torch.argsort(order)].reshape(T, k, -1)
-        out = (per_slot.float() * weights.unsqueeze(-1)).sum(dim=1)
-        return out.to(h.dtype).reshape(shape)
+        # y is in expert order: index_add sums each token's outputs in that order, in bf16, as
+        # upstream's unpermute does.
+        return torch.zeros_like(h).index_add(0, tokens, y).reshape(shape)
