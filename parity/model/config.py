@@ -90,6 +90,10 @@ class ModelConfig:
     """Make the output projection an FP8 linear. It stays an Adam (DistOpt) param, so with fp8 param
     gather ON it is an FP8 param in a ``uint8`` DistOpt buffer next to the LayerWise buckets
     (docs/spec/megatron.md s5 item 20); OFF quantizes its bf16 weight on the fly."""
+    tie_embeddings: bool = False
+    """The output layer reads the embedding matrix (upstream's default unless
+    ``--untie-embeddings-and-output-weights``): one Adam param used twice, whose grad sums both
+    uses before its grad-ready hook fires. Excludes ``fp8_head``."""
     edges: InitEdges = field(default_factory=InitEdges)
     """Numeric-edge edits of the init (the scenario key ``stress``)."""
 
@@ -107,6 +111,8 @@ class ModelConfig:
         need(self.moe_topk <= self.num_experts,
              f"moe_topk ({self.moe_topk}) must be <= num_experts ({self.num_experts})")
         need(self.init_std > 0, "init_std must be > 0")
+        need(not (self.tie_embeddings and self.fp8_head),
+             "tie_embeddings and fp8_head exclude each other (a tied output layer reads the bf16 embedding)")
         need(isinstance(self.edges, InitEdges), f"edges must be an InitEdges, got {self.edges!r}")
         if self.edges.dead_expert:
             need(self.moe, "stress option 'dead_expert' needs moe = true")

@@ -126,14 +126,16 @@ class GPT(nn.Module):
             layers.append(Block(RMSNorm(H, device), attn, RMSNorm(H, device), mlp))
         self.layers = nn.ModuleList(layers)
         self.final_norm = RMSNorm(H, device)
+        self.head = None  # tied: the output layer reads embed.weight
         if cfg.fp8_head:  # an FP8 matrix Adam steps: the DistOpt sibling holds FP8 params
             self.head = lin("head.weight", cfg.vocab_size, H)
-        else:
+        elif not cfg.tie_embeddings:
             self.head = matmul.Linear(H, cfg.vocab_size, bias=False)
             self.head.weight = nn.Parameter(
                 init_value(seed, "head.weight", (cfg.vocab_size, H), std).to(device, torch.bfloat16))
         self.embed.weight.is_embedding_or_output = True
-        self.head.weight.is_embedding_or_output = True
+        if self.head is not None:
+            self.head.weight.is_embedding_or_output = True
         self.mix = None
         if cfg.adam_matrix:
             self.mix = nn.Parameter(init_value(seed, "mix", (H, H), std).to(device, torch.bfloat16))
@@ -147,7 +149,8 @@ class GPT(nn.Module):
         for layer in self.layers:
             x = layer(x)
         norm = self.final_norm.forward if Fault.FINAL_NORM_PAST_HOOKS in self.faults else self.final_norm
-        logits = self.head(norm(x))
+        h = norm(x)
+        logits = matmul.linear(h, self.embed.weight) if self.head is None else self.head(h)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
         return loss, logits
 

@@ -1,6 +1,6 @@
-"""MoE routing as upstream's default (docs/spec/megatron.md s2.18): top k of the bf16 logits, a
-softmax over those k rounded to bf16, the prob applied inside the expert before fc2, the outputs
-summed per token in bf16."""
+"""The model where it follows upstream's defaults: MoE routing (docs/spec/megatron.md s2.18: top k
+of the bf16 logits, a softmax over those k rounded to bf16, the prob applied inside the expert
+before fc2, the outputs summed per token in bf16) and tied embeddings (s8.1)."""
 
 import math
 
@@ -92,3 +92,28 @@ def test_swiglu_scales_its_activation_by_the_prob_before_fc2():
     assert torch.equal(bits(fc2_inputs[0]), bits(want))
     unscaled = (F.silu(gate) * up).to(torch.bfloat16)
     assert not torch.equal(bits(fc2_inputs[0]), bits(unscaled))
+
+
+# ------------------------------------------------------------------------------ tied embeddings
+
+def test_a_tied_output_layer_reads_the_embedding_and_its_grad_sums_both_uses():
+    """ModelConfig.tie_embeddings: no head param; the logits are the untied model's when its head
+    holds the embedding, and the one grad is the sum of the untied model's two, bit for bit."""
+    from parity.model.config import ModelConfig
+    from parity.model.gpt import GPT
+
+    tied = GPT(ModelConfig(tie_embeddings=True), recipe="blockwise", fp8_param=False, seed=5)
+    untied = GPT(ModelConfig(), recipe="blockwise", fp8_param=False, seed=5)
+    assert tied.head is None and not any(n.startswith("head.") for n, _ in tied.named_parameters())
+    untied.head.weight.data.copy_(untied.embed.weight.data)
+    for m in (tied, untied):  # the FP8 linears add their wgrad into main_grad, as under the DDP
+        for p in m.parameters():
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+    tokens = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    (lt, out_t), (lu, out_u) = tied(tokens, tokens), untied(tokens, tokens)
+    assert torch.equal(bits(out_t), bits(out_u))
+    lt.backward()
+    lu.backward()
+    both = untied.embed.weight.grad + untied.head.weight.grad
+    assert torch.equal(bits(tied.embed.weight.grad), bits(both))
+    assert not torch.equal(bits(tied.embed.weight.grad), bits(untied.embed.weight.grad))
