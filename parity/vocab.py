@@ -140,6 +140,7 @@ class Fault(StrEnum):
     CLIP_SKIPS_DISTOPT_GRADS = "clip-skips-distopt-grads"
     CLIP_SCALES_UP = "clip-scales-up"
     WEIGHT_DECAY_ON_NORMS = "weight-decay-on-norms"
+    MOE_PROBS_AFTER_FC2 = "moe-probs-after-fc2"
 
 
 FIRED: set[Fault] = set()

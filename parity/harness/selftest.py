@@ -145,6 +145,8 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # in both stacks (a shared fault): every in-run check passes; the golden's norm masters differ
     # at step 0's update (tests/integration/test_optim_single_rank.py also steps a zero grad)
     "weight-decay-on-norms": ("w4-dense", Expect("golden", phase="optimizer", step=0, tensor="norm")),
+    # in both stacks (a shared fault): every in-run check passes; the golden's first forward differs
+    "moe-probs-after-fc2": ("w1-moe", Expect("golden", phase="forward", step=0)),
     # in both stacks (a shared fault): the replica check hashes the grads each buffer is laid out
     # to all-reduce (its own flag), not those its group happens to all-reduce: they disagree
     "group-takes-run-distopt-flag": ("w4-dense", Expect("check", check="replicas/dp", step=0)),

@@ -116,7 +116,7 @@ class GPT(nn.Module):
                 }
                 router = init_value(seed, f"{p}.mlp.router.weight", (cfg.num_experts, H), std).to(device)
                 mlp = MoE(router, experts, cfg.num_experts, cfg.moe_topk, ep_size, ep_rank, ep_group,
-                          dead_experts=() if dead_expert is None else (dead_expert,))
+                          dead_experts=() if dead_expert is None else (dead_expert,), faults=faults)
                 for e in experts.values():
                     for w in (e.fc1.weight, e.fc2.weight):
                         w.allreduce = False  # expert-parallel: reduced over expert-DP only

@@ -9,6 +9,7 @@ from torch import nn
 from parity.distributed.collectives import all_to_all_single
 from parity.distributed.determinism import empty
 from parity.model import matmul
+from parity.vocab import Fault
 
 
 class _AllToAll(torch.autograd.Function):
@@ -75,8 +76,9 @@ class MoE(nn.Module):
     """
 
     def __init__(self, router_init: torch.Tensor, experts: dict[int, nn.Module], num_experts: int,
-                 topk: int, ep_size: int, ep_rank: int, ep_group, dead_experts=()):
+                 topk: int, ep_size: int, ep_rank: int, ep_group, dead_experts=(), faults=frozenset()):
         super().__init__()
+        self.faults = faults
         self.router = matmul.Linear(router_init.shape[1], router_init.shape[0], bias=False)
         self.router.weight = nn.Parameter(router_init.to(torch.bfloat16))
         self.experts = nn.ModuleDict({str(e): m for e, m in experts.items()})
@@ -126,7 +128,9 @@ class MoE(nn.Module):
         pieces, where = [], []
         for e in range(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank):
             mine = torch.nonzero(ids == e).squeeze(1)
-            pieces.append(self.experts[str(e)](x[mine], p[mine]))
+            expert = self.experts[str(e)]
+            pieces.append(expert(x[mine], p[mine]) if Fault.MOE_PROBS_AFTER_FC2 not in self.faults
+                          else expert(x[mine]) * p[mine])  # the fault: fc2 quantizes unscaled rows
             where.append(mine)
         y = torch.cat(pieces)[torch.argsort(torch.cat(where))]
 
