@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 
+import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import empty
@@ -105,6 +106,34 @@ def load_pair(path: str, scenario, stacks: dict, device, reshard: bool) -> tuple
         ckpt.set_rng_state(rng, device)
     info["rng_restored"] = len(rng) == len(rng_keys)
     return manifest["step"], info
+
+
+def _same_bits(a, b) -> bool:
+    a, b = a.detach().reshape(-1).cpu(), b.reshape(-1)
+    return a.dtype == b.dtype and a.numel() == b.numel() and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def saved_state_differences(path: str, side, stack) -> tuple[int, list[str]]:
+    """(tensors compared, differences): this rank's optimizer state of ``stack``, read from the
+    stack itself (LayerWise masters and Muon state, DistOpt pieces and Adam state), against the
+    gathered view of the checkpoint just written at ``path`` (each tensor whole, as DCP assembles
+    it from every rank's chunks), bit for bit. A DistOpt piece is read at its own offset in its
+    bucket's saved tensor, so a checkpoint whose chunks sit in the wrong place fails here even
+    where a load at the same DP size would read them back the same wrong way (docs/spec/megatron.md
+    s5 item 47). A state tensor the checkpoint lacks is not judged here: the resumed run's
+    comparison shows what a missing one loses."""
+    prefix = f"{side}/"
+    places = [(f"{prefix}layerwise/{k}", 0, v) for k, v in stack.layerwise.state_tensors().items()]
+    for head, at, pc in ckpt.distopt_piece_places(stack, prefix):
+        st = stack.distopt.optimizer.state.get(pc.master, {}) if stack.distopt.optimizer else {}
+        places += [(f"{head}{k}", at, v) for k, v in {"master": pc.master, **st}.items()
+                   if torch.is_tensor(v) and v.dim() > 0]
+    saved = ckpt.saved_entries(path)
+    places = [(key, at, v) for key, at, v in places if key in saved]
+    full = ckpt.read_full(path, {key for key, _, _ in places})
+    diffs = [f"{key}[{at}:{at + v.numel()}]" for key, at, v in places
+             if not _same_bits(v, full[key].reshape(-1)[at:at + v.numel()])]
+    return len(places), diffs
 
 
 def resume_pair(opts, scenario, stacks: dict, device) -> tuple[int, dict]:

@@ -305,7 +305,7 @@ class LockstepRunner:
                 if stack.overlap:  # training makes the params current before a save
                     stack.force_param_sync()
             self._grad_buffer_check(step)  # (the next step zeroes the buffers: read it now)
-            from parity.harness.resume import save_pair
+            from parity.harness.resume import save_pair, saved_state_differences
 
             before = {side: _live_state_digests(stack) for side, stack in self._stacks().items()}
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
@@ -316,6 +316,10 @@ class LockstepRunner:
                 self._check(step, Check.SAVE_LEAVES_STATE, not moved,
                             f"step {step}/{side.value}/rank {self.rank}: the checkpoint save changed {len(moved)} live "
                             f"tensor(s) of the stack, first {moved[:3]}")
+                n, wrong = saved_state_differences(self.opts.save_to, side, stack)
+                self._check(step, Check.SAVE_HOLDS_STATE, not wrong,
+                            f"step {step}/{side.value}/rank {self.rank}: {len(wrong)} of {n} state tensor(s) of the "
+                            f"stack differ from the checkpoint's gathered view, first {wrong[:3]}", examined=n)
             self.clock.harness_done(step, "checkpoint")
         self._close_ready_steps()
         res = self.result  # (this step closes only in the next forward: not waited for)

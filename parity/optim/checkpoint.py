@@ -159,6 +159,14 @@ def _distopt_buckets(stack):
                 yield (_buffer_tag(buf), bi, buf, b, extent, *_my_chunk(buf, b, extent))
 
 
+def distopt_piece_places(stack, prefix: str = "") -> list[tuple[str, int, object]]:
+    """(key prefix of its bucket's saved tensors, offset in them, piece) of every DistOpt piece
+    this rank holds: where a checkpoint of ``stack`` keeps each piece's state."""
+    return [(f"{prefix}distopt/{tag}/bucket{bi}/", pc.lo - b.start, pc)
+            for tag, bi, buf, b, _extent, _lo, _hi in _distopt_buckets(stack)
+            for pc in _bucket_pieces(stack, buf, b)]
+
+
 def _sharded(local: torch.Tensor | None, lo: int, buf, b, extent: int):
     """A flat ShardedTensor of ``extent`` elements split like bucket ``b``'s DP shards; this rank
     holds ``local`` at offset ``lo`` (None: no chunk here)."""
