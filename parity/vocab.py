@@ -72,7 +72,7 @@ class Check(StrEnum):
     GRAD_BUFFER_CLEAN = "grad-buffer-clean"
     PARAM_GATHER_ONCE = "param-gather-once"
     SAVE_LEAVES_STATE = "save-leaves-state"
-    SAVE_HOLDS_STATE = "checkpoint-holds-state"
+    CHECKPOINT_HOLDS_STATE = "checkpoint-holds-state"
     FINITE = "finite"                      # no NaN or Inf in training (the merged scan)
 
     @staticmethod

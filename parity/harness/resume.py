@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from parity.distributed.determinism import empty
 from parity.harness import report as rep
+from parity.harness.compare import bit_view
 from parity.harness.errors import ParityError
 from parity.harness.snapshot import tensor_sha256
 from parity.optim import checkpoint as ckpt
@@ -108,32 +109,33 @@ def load_pair(path: str, scenario, stacks: dict, device, reshard: bool) -> tuple
     return manifest["step"], info
 
 
-def _same_bits(a, b) -> bool:
-    a, b = a.detach().reshape(-1).cpu(), b.reshape(-1)
-    return a.dtype == b.dtype and a.numel() == b.numel() and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-def saved_state_differences(path: str, side, stack) -> tuple[int, list[str]]:
-    """(tensors compared, differences): this rank's optimizer state of ``stack``, read from the
-    stack itself (LayerWise masters and Muon state, DistOpt pieces and Adam state), against the
-    gathered view of the checkpoint just written at ``path`` (each tensor whole, as DCP assembles
-    it from every rank's chunks), bit for bit. A DistOpt piece is read at its own offset in its
-    bucket's saved tensor, so a checkpoint whose chunks sit in the wrong place fails here even
-    where a load at the same DP size would read them back the same wrong way (docs/spec/megatron.md
-    s5 item 47). A state tensor the checkpoint lacks is not judged here: the resumed run's
-    comparison shows what a missing one loses."""
-    prefix = f"{side}/"
-    places = [(f"{prefix}layerwise/{k}", 0, v) for k, v in stack.layerwise.state_tensors().items()]
-    for head, at, pc in ckpt.distopt_piece_places(stack, prefix):
-        st = stack.distopt.optimizer.state.get(pc.master, {}) if stack.distopt.optimizer else {}
-        places += [(f"{head}{k}", at, v) for k, v in {"master": pc.master, **st}.items()
-                   if torch.is_tensor(v) and v.dim() > 0]
+def saved_state_differences(path: str, stacks: dict) -> dict:
+    """side -> (tensors compared, differences): this rank's optimizer state of each stack, read
+    from the stack itself (LayerWise masters and Muon state, DistOpt pieces and Adam state), against
+    the gathered view of the checkpoint just written at ``path`` (each tensor whole, as DCP
+    assembles it from every rank's chunks; read once for both sides), bit for bit. A DistOpt piece
+    is read at its own offset in its bucket's saved tensor, so a checkpoint whose chunks sit in the
+    wrong place fails here even where a load at the same DP size would read them back the same
+    wrong way (docs/spec/megatron.md s5 item 47). A state tensor the checkpoint lacks is not judged
+    here: the resumed run's comparison shows what a missing one loses."""
     saved = ckpt.saved_entries(path)
-    places = [(key, at, v) for key, at, v in places if key in saved]
-    full = ckpt.read_full(path, {key for key, _, _ in places})
-    diffs = [f"{key}[{at}:{at + v.numel()}]" for key, at, v in places
-             if not _same_bits(v, full[key].reshape(-1)[at:at + v.numel()])]
-    return len(places), diffs
+    places = {}
+    for side, stack in stacks.items():
+        mine = [(f"{side}/layerwise/{k}", 0, v) for k, v in stack.layerwise.state_tensors().items()]
+        for head, at, pc in ckpt.distopt_piece_places(stack, f"{side}/"):
+            st = stack.distopt.optimizer.state.get(pc.master, {}) if stack.distopt.optimizer else {}
+            mine += [(f"{head}{k}", at, v) for k, v in {"master": pc.master, **st}.items()
+                     if torch.is_tensor(v) and v.dim() > 0]
+        places[side] = [(key, at, v) for key, at, v in mine if key in saved]
+    full = ckpt.read_full(path, {key for side in places.values() for key, _, _ in side})
+
+    def differs(key, at, v):
+        got = full[key].reshape(-1)[at:at + v.numel()]
+        v = v.detach().reshape(-1).cpu()
+        return got.dtype != v.dtype or got.numel() != v.numel() or not torch.equal(bit_view(got), bit_view(v))
+
+    return {side: (len(ps), [f"{key}[{at}:{at + v.numel()}]" for key, at, v in ps if differs(key, at, v)])
+            for side, ps in places.items()}
 
 
 def resume_pair(opts, scenario, stacks: dict, device) -> tuple[int, dict]:

@@ -310,14 +310,15 @@ class LockstepRunner:
             before = {side: _live_state_digests(stack) for side, stack in self._stacks().items()}
             self.result.checkpoint = save_pair(self.opts.save_to, self.scenario, self._stacks(), step + 1,
                                                self.device)
+            held = saved_state_differences(self.opts.save_to, self._stacks())
             for side, stack in self._stacks().items():
                 after = _live_state_digests(stack)
                 moved = sorted(k for k in set(before[side]) | set(after) if before[side].get(k) != after.get(k))
                 self._check(step, Check.SAVE_LEAVES_STATE, not moved,
                             f"step {step}/{side.value}/rank {self.rank}: the checkpoint save changed {len(moved)} live "
                             f"tensor(s) of the stack, first {moved[:3]}")
-                n, wrong = saved_state_differences(self.opts.save_to, side, stack)
-                self._check(step, Check.SAVE_HOLDS_STATE, not wrong,
+                n, wrong = held[side]
+                self._check(step, Check.CHECKPOINT_HOLDS_STATE, not wrong,
                             f"step {step}/{side.value}/rank {self.rank}: {len(wrong)} of {n} state tensor(s) of the "
                             f"stack differ from the checkpoint's gathered view, first {wrong[:3]}", examined=n)
             self.clock.harness_done(step, "checkpoint")

@@ -89,9 +89,9 @@ def test_scenario_passes(scenario):
     assert all(c["evaluated"] > 0 and c["failed"] == 0 for c in entry["checks"])
     assert (Check.CLIP_REACHES_STEPPED_GRADS in ran) == (scenario.clip_grad > 0)
     assert (Check.SAVE_LEAVES_STATE in ran) == (scenario.resume_at is not None)
-    assert (Check.SAVE_HOLDS_STATE in ran) == (scenario.resume_at is not None)
+    assert (Check.CHECKPOINT_HOLDS_STATE in ran) == (scenario.resume_at is not None)
     if scenario.resume_at is not None:  # some rank compared some state with the saved checkpoint
-        assert next(c for c in entry["checks"] if c["check"] == Check.SAVE_HOLDS_STATE)["examined"] > 0
+        assert next(c for c in entry["checks"] if c["check"] == Check.CHECKPOINT_HOLDS_STATE)["examined"] > 0
     gathers_overlapped = scenario.stack_configs()[0].ddp.overlap_param_gather
     assert (Check.PARAM_GATHER_ONCE in ran) == gathers_overlapped
     assert (Check.REPLICAS in ran) == (scenario.world > 1)
