@@ -601,6 +601,17 @@ def _order(key: str) -> tuple[int, str]:
     return _PHASE_IDX.get(phase, 99), name
 
 
+def _in_capture_order(*records_keys):
+    """Sort key for ``phase/tensor`` keys: phases in dataflow order, and within a phase the order
+    the first of ``records_keys`` that holds the key recorded it in, which is the order the stack
+    produced its tensors (the run's first divergence names the first of them too)."""
+    pos = {}
+    for keys in records_keys:
+        for k in keys:
+            pos.setdefault(k, len(pos))
+    return lambda key: (_PHASE_IDX.get(key.split("/", 1)[0], 99), pos[key])
+
+
 def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
     """Compare a run's record with a golden over the steps both hold (see the module docstring)."""
     steps = min(golden.steps, run.steps)
@@ -616,7 +627,7 @@ def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
     for step in range(steps):
         for rank in sorted(set(golden.ranks) & set(run.ranks)):
             g, r = golden.ranks[rank], run.ranks[rank]
-            for key in sorted(set(g.keys) | set(r.keys), key=_order):
+            for key in sorted(set(g.keys) | set(r.keys), key=_in_capture_order(r.keys, g.keys)):
                 gd = g.digests[key][step] if key in g.keys else None
                 rd = r.digests[key][step] if key in r.keys else None
                 if gd is None and rd is None:
@@ -631,7 +642,7 @@ def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
                     diffs.append(Difference(step, phase, name, rank, reason))
             if g.loss[step] and r.loss[step] and g.loss[step] != r.loss[step]:
                 losses.append((step, rank, g.loss[step], r.loss[step]))
-    diffs.sort(key=lambda d: (d.step, _PHASE_IDX.get(d.phase, 99), d.rank, d.tensor))
+    diffs.sort(key=lambda d: (d.step, _PHASE_IDX.get(d.phase, 99), d.rank))  # stable: capture order within
     drift, drift_steps = [], sorted(set(golden.tensor_steps) & set(run.tensor_steps) & set(range(steps)))
     drift_counts: dict[tuple[int, str], int] = {}
     for step in drift_steps:

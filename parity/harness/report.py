@@ -31,7 +31,7 @@ def merge_ranks(scenario, results: list[dict], elapsed_s: float, start_s: float 
             by_phase[ph] = by_phase.get(ph, 0) + n
     first = None
     if divs:
-        d = min(divs, key=lambda d: (d["step"], PHASE_ORDER.get(d["phase"], 99), d["rank"]))
+        d = _in_order(divs)[0]
         tensor = d["path"].split("/", 2)[2].rsplit("/rank", 1)[0]
         first = {"step": d["step"], "phase": d["phase"], "tensor": tensor, "rank": d["rank"],
                  "max_ulp": d.get("max_ulp"), "n_diff": d.get("n_diff")}
@@ -225,11 +225,17 @@ def _nonfinite_check(events: list[dict]) -> dict:
                        f"(parity between NaN/Inf values proves nothing)"}
 
 
+def _in_order(divs) -> list[dict]:
+    """Divergences by step, phase (dataflow order) and rank; within those, in the order the rank
+    compared them, which is the order the stack produced the tensors (the first param a forward
+    used stale comes first), as the golden comparison and triage order them too."""
+    return sorted(divs, key=lambda d: (d["step"], PHASE_ORDER.get(d["phase"], 99), d["rank"]))
+
+
 def _div_table(divs) -> list[dict]:
     keep = ("step", "phase", "rank", "path", "n_diff", "numel", "max_ulp", "ulp_hist")
     extra = ("against", "reason")  # divergences across launches: against what, and why without counts
-    return [{k: d.get(k) for k in keep} | {k: d[k] for k in extra if k in d} for d in sorted(
-        divs, key=lambda d: (d["step"], PHASE_ORDER.get(d["phase"], 99), d["rank"], d["path"]))][:5000]
+    return [{k: d.get(k) for k in keep} | {k: d[k] for k in extra if k in d} for d in _in_order(divs)][:5000]
 
 
 def error_entry(scenario, message: str, elapsed_s: float, failure: dict | None = None) -> dict:

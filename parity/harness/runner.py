@@ -414,7 +414,7 @@ class LockstepRunner:
         ref = st.ref[phase].tensors
         n_before = len(self.result.divergences)
         done = st.compared.setdefault(phase, set())
-        for k in sorted(cur):
+        for k in cur:  # in the order the stack reported them: the golden record's order too
             if k in ref and k not in done:
                 done.add(k)
                 self._record(step, phase, compare_tensors(ref[k], cur[k], f"step {step}/{phase}/{k}/rank {self.rank}"))

@@ -6,7 +6,10 @@ and writes to ``DIR`` (default ``RUN/triage/``):
 
 * ``triage.md``: the first divergence, the phase it originates in (dataflow order
   ``init -> forward -> grad_local -> grad_reduce -> optimizer -> param_sync``) with a one-line
-  diagnosis, the drift per step, per step and phase, per layer and per param;
+  diagnosis, the drift per step, per step and phase, per layer and per param. Within a step,
+  phase and rank the first tensor is the first the stack produced, as ``parity run`` and the
+  golden comparison name it (from a run's table or a golden record, which keep that order); two
+  runs' snapshots keep no order, so there it is the first by name;
 * CSV tables (and Parquet where pyarrow is importable): ``divergences``, ``per_step_phase``,
   ``drift``, ``per_layer``, ``per_param``;
 * PNG plots when matplotlib is importable (optional extra ``plots``); otherwise the markdown
@@ -261,7 +264,9 @@ def _row_from_diff(scenario: str, step: int, phase: str, rank: int, tensor: str,
 def _frame(rows: list[dict[str, Any]], meta: dict[str, Any]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     if len(df):
-        df = df.sort_values(["scenario", "step", "phase_idx", "rank", "tensor"], kind="stable")
+        # stable: within a step, phase and rank, the rows keep the order they were read in, the
+        # order the run compared its tensors (the report's table, a golden record)
+        df = df.sort_values(["scenario", "step", "phase_idx", "rank"], kind="stable")
         df = df.reset_index(drop=True)
     for c in ("step", "phase_idx", "rank"):
         df[c] = df[c].astype("int64")
@@ -847,7 +852,7 @@ def drift(df: pd.DataFrame, steps: int | None = None, *, meta: Mapping[str, Any]
 def _breakdown(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     recs = []
     for key, g in df.groupby(["scenario", *keys], sort=True):
-        g = g.sort_values(["step", "phase_idx", "rank"])
+        g = g.sort_values(["step", "phase_idx", "rank"], kind="stable")
         first = g.iloc[0]
         recs.append({**dict(zip(["scenario", *keys], key)), "first_step": int(first["step"]),
                      "first_phase": first["phase"], "first_tensor": first["tensor"],
@@ -877,13 +882,14 @@ def per_layer(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def first_divergence(df: pd.DataFrame) -> dict[str, Any] | None:
-    """The earliest divergence in dataflow order: (step, phase, rank, tensor) smallest; None if none.
+    """The earliest divergence in dataflow order: (step, phase, rank) smallest, and of those the
+    first tensor the run compared (the table's order); None if none.
 
     Returns a dict with scenario, step, phase, tensor, rank, param, layer, n_diff, numel,
     max_ulp, reason, and n_tensors (differing tensor comparisons at that step and phase)."""
     if df.empty:
         return None
-    d = df.sort_values(["step", "phase_idx", "rank", "tensor"], kind="stable")
+    d = df.sort_values(["step", "phase_idx", "rank"], kind="stable")
     r = d.iloc[0]
     same = df[(df["scenario"] == r["scenario"]) & (df["step"] == r["step"]) & (df["phase"] == r["phase"])]
 

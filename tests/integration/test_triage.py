@@ -204,6 +204,31 @@ def test_against_golden(runs, tmp_path, capsys):
     assert "has no golden record" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.ranks(2)
+def test_run_golden_and_triage_name_the_same_first_tensor(tmp_path):
+    """A stale scale grid (FP8 weights written without their new scales) differs in every FP8
+    weight's scales at step 0's param sync. The run, its golden comparison and both triages name
+    the same first tensor: the first the stack produced, a part of the first FP8 weight the
+    forward uses (they used to disagree: the run named a tensor in report order, sorted by name
+    within one report, and the golden comparison and triage the first by name in the phase)."""
+    out = tmp_path / "r"
+    p = _parity("run", "quick-w2-ep2-stress", "--inject", "stale-scale-inv", "--out", str(out), "--quiet")
+    assert p.returncode == 1, p.stdout + p.stderr
+    (e,) = json.loads((out / "report.json").read_text())["scenarios"]
+    fd = e["first_divergence"]
+    where = (fd["step"], fd["phase"], fd["rank"], fd["tensor"])
+    assert where[:3] == (0, "param_sync", 0) and fd["tensor"].startswith(QKV + ".fp8."), fd
+    assert fd["tensor"] in p.stdout.split("first divergence:")[1].splitlines()[0]
+    t = triage.first_divergence(triage.load_divergences(out))
+    assert (t["step"], t["phase"], t["rank"], t["tensor"]) == where
+    if e["golden_detail"]["tier"] == "exact":  # a golden of another platform differs from step 0's forward
+        g = e["golden_detail"]["first"]
+        assert (g["step"], g["phase"], g["rank"], g["tensor"]) == where
+        t = triage.first_divergence(triage.compare_golden(out))
+        assert (t["step"], t["phase"], t["rank"], t["tensor"]) == where
+
+
 # --------------------------------------------------------------------------------------------
 # Hand-written reports (fast)
 # --------------------------------------------------------------------------------------------
