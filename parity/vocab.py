@@ -142,6 +142,7 @@ class Fault(StrEnum):
     CLIP_SCALES_UP = "clip-scales-up"
     WEIGHT_DECAY_ON_NORMS = "weight-decay-on-norms"
     MOE_PROBS_AFTER_FC2 = "moe-probs-after-fc2"
+    LR_SCHEDULE_SKIPS_DISTOPT = "lr-schedule-skips-distopt"
 
 
 FIRED: set[Fault] = set()

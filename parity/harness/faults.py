@@ -155,6 +155,8 @@ CATALOGUE = {
     Fault.MOE_PROBS_AFTER_FC2: ("a routed expert's prob scales its output after fc2 instead of its "
                                 "activation before it, on both sides: fc2 quantizes unscaled rows "
                                 "(parity's own stack did until the thirty-third session)", 52),
+    Fault.LR_SCHEDULE_SKIPS_DISTOPT: ("the LR schedule sets the LayerWise child's lr only, on both sides: the "
+                                      "DistOpt child's Adam steps at the lr it was built with", 53),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -171,14 +173,14 @@ SHARED_FAULTS = {Fault.EMPTY_EXPERT_SKIPS_WGRAD, Fault.CLIP_SKIPS_DISTOPT_GRADS,
                  Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP, Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS,
                  Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS,
                  Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH, Fault.CHECKPOINT_CHUNKS_REVERSED,
-                 Fault.MOE_PROBS_AFTER_FC2}
+                 Fault.MOE_PROBS_AFTER_FC2, Fault.LR_SCHEDULE_SKIPS_DISTOPT}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see
 them."""
 GOLDEN_ONLY_FAULTS = {Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP,
                       Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH, Fault.WEIGHT_DECAY_ON_NORMS,
-                      Fault.MOE_PROBS_AFTER_FC2}
+                      Fault.MOE_PROBS_AFTER_FC2, Fault.LR_SCHEDULE_SKIPS_DISTOPT}
 """Shared faults that every in-run check passes: only a golden of this platform sees them (their
 selftest cases expect a golden difference and nothing else)."""
 

@@ -290,6 +290,9 @@ class Stack:
         lr = self.cfg.optim.lr_at(step)
         for opt in (self.layerwise.muon, self.distopt.optimizer):
             for group in opt.param_groups if opt is not None else ():
+                if opt is self.distopt.optimizer and group["lr"] != lr and \
+                        Fault.LR_SCHEDULE_SKIPS_DISTOPT in self.cfg.faults:
+                    continue  # the schedule reaches the LayerWise child only: Adam keeps its lr
                 group["lr"] = lr
         self.last_step_stats["lr"] = lr
 
