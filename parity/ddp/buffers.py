@@ -158,7 +158,6 @@ class BucketGroup:
         self.group = buckets[0].buffer.group
         self.dp = buckets[0].buffer.dp
         self.params = [p for b in buckets for p in b.params]
-        self._param_set = set(map(id, self.params))
         # Reports of grad readiness on the last microbatch, per param (a param used twice reports
         # twice). The first step learns how many each param makes; from then on the reduction is
         # launched once the reports equal those (docs/spec/megatron.md s1.3 step 3).
@@ -175,9 +174,6 @@ class BucketGroup:
         self.param_gather_pending = False  # a gather was launched and not yet copied back
         self.next_param_gather_group = None
         self.param_gathers: list[str] = []  # one entry per landed gather: PRE_HOOK or FORCE_SYNC
-
-    def owns(self, p) -> bool:
-        return id(p) in self._param_set
 
     # -- gradients -------------------------------------------------------------------------
     def _scaled_reductions(self) -> tuple[list, list]:
