@@ -624,10 +624,13 @@ def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
     diffs, counts, losses = [], {}, []
     for rank in sorted(set(golden.ranks) - set(run.ranks)):
         notes.append(f"rank {rank} is in the golden, not in this run")
+    both = sorted(set(golden.ranks) & set(run.ranks))
+    keys = {rank: sorted(set(golden.ranks[rank].keys) | set(run.ranks[rank].keys),
+                         key=_in_capture_order(run.ranks[rank].keys, golden.ranks[rank].keys)) for rank in both}
     for step in range(steps):
-        for rank in sorted(set(golden.ranks) & set(run.ranks)):
+        for rank in both:
             g, r = golden.ranks[rank], run.ranks[rank]
-            for key in sorted(set(g.keys) | set(r.keys), key=_in_capture_order(r.keys, g.keys)):
+            for key in keys[rank]:
                 gd = g.digests[key][step] if key in g.keys else None
                 rd = r.digests[key][step] if key in r.keys else None
                 if gd is None and rd is None:
