@@ -16,6 +16,9 @@ mishandles it otherwise:
   dtype, the tensor is stored as a same-width integer view and the original
   dtype is recorded under the reserved metadata key
   ``parity.snapshot.dtypes``; :func:`read_snapshot` undoes it.
+* safetensors stores a file's tensors sorted by name. The order they were handed over in (a
+  run's: the order the stack produced them) is recorded under ``parity.snapshot.order``, and
+  :func:`read_snapshot` returns them in it.
 * The file appears atomically: it is written to a temporary file in the same
   directory, fsynced, then renamed over the target, and the directory is
   fsynced. A reader sees the old file or the new one, never half a file.
@@ -71,6 +74,9 @@ _NAME_RE = re.compile(r"^step_(\d{5,})_rank_(\d{3,})\.safetensors$")
 # Reserved metadata keys (prefix); user metadata may not use it.
 _RESERVED_PREFIX = "parity.snapshot."
 _DTYPES_KEY = _RESERVED_PREFIX + "dtypes"
+_ORDER_KEY = _RESERVED_PREFIX + "order"
+"""The tensors' names in the order they were handed to the writer (safetensors stores them sorted
+by name): a run hands them over in the order the stack produced them."""
 
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -249,6 +255,7 @@ def write_snapshot(
         cpu[k] = c
     if encoded:
         md[_DTYPES_KEY] = json.dumps(encoded, sort_keys=True)
+    md[_ORDER_KEY] = json.dumps(list(cpu))
 
     directory = path.parent
     try:
@@ -296,6 +303,7 @@ def _open(path: Path):  # type: ignore[no-untyped-def]
 
 def _split_metadata(md: dict[str, str] | None, path: Path) -> tuple[dict[str, str], dict[str, torch.dtype]]:
     md = dict(md or {})
+    md.pop(_ORDER_KEY, None)  # read by _written_order
     raw = md.pop(_DTYPES_KEY, None)
     encoded: dict[str, torch.dtype] = {}
     if raw is not None:
@@ -309,6 +317,16 @@ def _split_metadata(md: dict[str, str] | None, path: Path) -> tuple[dict[str, st
         except (ValueError, AttributeError, TypeError):
             raise SnapshotError(f"snapshot {path}: malformed {_DTYPES_KEY} metadata; re-create it") from None
     return md, encoded
+
+
+def _written_order(md: dict[str, str] | None, names: list[str]) -> list[str]:
+    """``names`` (the file's, sorted) in the order they were written, where the file records it
+    (files written before it did, or whose record does not name the same tensors: as they are)."""
+    try:
+        order = json.loads((md or {}).get(_ORDER_KEY, "null"))
+    except ValueError:
+        return names
+    return order if isinstance(order, list) and sorted(order) == sorted(names) else names
 
 
 def read_snapshot_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -339,8 +357,9 @@ def read_snapshot(
             it (rename), never truncates it in place.
 
     Returns:
-        ``(tensors, metadata)``. Tensors are private copies (or views, see ``copy``) in file
-        order (safetensors sorts them), metadata is ``{str: str}`` (empty if none).
+        ``(tensors, metadata)``. Tensors are private copies (or views, see ``copy``) in the
+        order they were written (safetensors sorts a file's tensors by name; the writer records
+        their order), metadata is ``{str: str}`` (empty if none).
 
     Raises:
         SnapshotError: the file is missing, truncated or corrupt (exit code 2).
@@ -350,7 +369,7 @@ def read_snapshot(
     with _open(path) as f:
         try:
             md, encoded = _split_metadata(f.metadata(), path)
-            names = list(f.keys())
+            names = _written_order(f.metadata(), list(f.keys()))
             if keys is not None:
                 absent = [k for k in keys if k not in names]
                 if absent:

@@ -8,8 +8,7 @@ and writes to ``DIR`` (default ``RUN/triage/``):
   ``init -> forward -> grad_local -> grad_reduce -> optimizer -> param_sync``) with a one-line
   diagnosis, the drift per step, per step and phase, per layer and per param. Within a step,
   phase and rank the first tensor is the first the stack produced, as ``parity run`` and the
-  golden comparison name it (from a run's table or a golden record, which keep that order); two
-  runs' snapshots keep no order, so there it is the first by name;
+  golden comparison name it (a run's table, a golden record and a snapshot file keep that order);
 * CSV tables (and Parquet where pyarrow is importable): ``divergences``, ``per_step_phase``,
   ``drift``, ``per_layer``, ``per_param``;
 * PNG plots when matplotlib is importable (optional extra ``plots``); otherwise the markdown
@@ -595,7 +594,8 @@ def compare_runs(run_dir: str | os.PathLike[str], other_dir: str | os.PathLike[s
                                  f"compared the {len(steps)} in common")
         for step, rank in common:
             a, b = _read_side(fa[(step, rank)]), _read_side(fb[(step, rank)])
-            for k in sorted(set(a) | set(b), key=lambda k: (_PHASE_IDX.get(k.split("/", 1)[0], 99), k)):
+            written = {k: i for i, k in enumerate([*a, *(k for k in b if k not in a)])}  # the stack's order
+            for k in sorted(written, key=lambda k: (_PHASE_IDX.get(k.split("/", 1)[0], 99), written[k])):
                 phase, tname = k.split("/", 1)
                 key = (step, phase)
                 meta["n_compared"][key] = meta["n_compared"].get(key, 0) + 1

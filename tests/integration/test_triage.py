@@ -211,16 +211,22 @@ def test_run_golden_and_triage_name_the_same_first_tensor(tmp_path):
     weight's scales at step 0's param sync. The run, its golden comparison and both triages name
     the same first tensor: the first the stack produced, a part of the first FP8 weight the
     forward uses (they used to disagree: the run named a tensor in report order, sorted by name
-    within one report, and the golden comparison and triage the first by name in the phase)."""
-    out = tmp_path / "r"
-    p = _parity("run", "quick-w2-ep2-stress", "--inject", "stale-scale-inv", "--out", str(out), "--quiet")
+    within one report, and the golden comparison and triage the first by name in the phase). So
+    does triage against a clean run's snapshots (safetensors sorts a file's tensors by name)."""
+    out, clean = tmp_path / "r", tmp_path / "c"
+    p = _parity("run", "quick-w2-ep2-stress", "--inject", "stale-scale-inv", "--out", str(out), "--quiet",
+                "--snapshot", "all")
     assert p.returncode == 1, p.stdout + p.stderr
+    c = _parity("run", "quick-w2-ep2-stress", "--out", str(clean), "--quiet", "--snapshot", "all", "--golden", "off")
+    assert c.returncode == 0, c.stdout + c.stderr
     (e,) = json.loads((out / "report.json").read_text())["scenarios"]
     fd = e["first_divergence"]
     where = (fd["step"], fd["phase"], fd["rank"], fd["tensor"])
     assert where[:3] == (0, "param_sync", 0) and fd["tensor"].startswith(QKV + ".fp8."), fd
     assert fd["tensor"] in p.stdout.split("first divergence:")[1].splitlines()[0]
     t = triage.first_divergence(triage.load_divergences(out))
+    assert (t["step"], t["phase"], t["rank"], t["tensor"]) == where
+    t = triage.first_divergence(triage.compare_runs(out, clean))
     assert (t["step"], t["phase"], t["rank"], t["tensor"]) == where
     if e["golden_detail"]["tier"] == "exact":  # a golden of another platform differs from step 0's forward
         g = e["golden_detail"]["first"]

@@ -183,6 +183,24 @@ def test_read_subset_and_missing_key(tmp_path):
         read_snapshot(path, keys=["c"])
 
 
+def test_tensors_come_back_in_the_order_they_were_written(tmp_path):
+    """safetensors stores a file's tensors sorted by name; the writer records the order it was
+    handed (a run's: the order the stack produced them) and the reader restores it. A file
+    without that record (any other writer) reads in its own order, as does one whose record does
+    not name its tensors."""
+    order = ["forward/z", "forward/a", "forward/m"]
+    path = write_snapshot(tmp_path / "o.safetensors", {k: torch.ones(1) for k in order}, {"note": "x"})
+    assert list(read_snapshot(path)[0]) == order
+    assert read_snapshot_metadata(path) == {"note": "x"}  # the record is not user metadata
+    plain = tmp_path / "plain.safetensors"
+    safetensors.torch.save_file({k: torch.ones(1) for k in order}, str(plain))
+    assert list(read_snapshot(plain)[0]) == sorted(order)
+    odd = tmp_path / "odd.safetensors"
+    safetensors.torch.save_file({k: torch.ones(1) for k in order}, str(odd),
+                                metadata={"parity.snapshot.order": json.dumps(["forward/z"])})
+    assert list(read_snapshot(odd)[0]) == sorted(order)
+
+
 def test_unsupported_dtype_falls_back_to_an_integer_view(tmp_path, monkeypatch):
     real = snap._safetensors_supports
     monkeypatch.setattr(snap, "_safetensors_supports", lambda dt: dt != torch.bfloat16 and real(dt))
