@@ -192,14 +192,15 @@ def reached_lines(tree: Path, files: list[str], target: list[str], timeout: floa
 def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> tuple[str, int | None, float, str]:
     """(outcome, exit code, seconds, last line of output) of ``parity run TARGET`` with ``m``
     applied (None: the tree as it is)."""
-    path = tree / (m.file if m else "parity/__init__.py")
-    original = path.read_text()
-    mutated = apply(original, m) if m else original
-    try:
-        ast.parse(mutated)
-    except SyntaxError:
-        return "invalid", None, 0.0, "the edit does not parse"
-    path.write_text(mutated)
+    path = tree / m.file if m else None
+    original = path.read_text() if path else None
+    if path:
+        mutated = apply(original, m)
+        try:
+            ast.parse(mutated)
+        except SyntaxError:
+            return "invalid", None, 0.0, "the edit does not parse"
+        path.write_text(mutated)
     out = tempfile.mkdtemp(prefix="mutant-")
     env = {**os.environ, "PYTHONPATH": str(tree), "PARITY_GOLDENS": str(HERE / "goldens")}
     t0 = time.perf_counter()
@@ -212,7 +213,8 @@ def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> 
     except subprocess.TimeoutExpired:
         rc, text, outcome = None, "timed out", "killed"
     finally:
-        path.write_text(original)
+        if path:
+            path.write_text(original)
         shutil.rmtree(out, ignore_errors=True)
     last = text.splitlines()[-1] if text else ""
     return outcome, rc, time.perf_counter() - t0, last

@@ -596,11 +596,6 @@ def _f32(hexbits: str) -> float:
     return float(_t32(hexbits)[0])
 
 
-def _order(key: str) -> tuple[int, str]:
-    phase, name = key.split("/", 1)
-    return _PHASE_IDX.get(phase, 99), name
-
-
 def _in_capture_order(*records_keys):
     """Sort key for ``phase/tensor`` keys: phases in dataflow order, and within a phase the order
     the first of ``records_keys`` that holds the key recorded it in, which is the order the stack
@@ -650,7 +645,7 @@ def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
     drift_counts: dict[tuple[int, str], int] = {}
     for step in drift_steps:
         gt, rt = golden.tensors(step), run.tensors(step)
-        for key in sorted(set(gt) & set(rt), key=_order):
+        for key in sorted(set(gt) & set(rt), key=_in_capture_order(run.ranks[0].keys, golden.ranks[0].keys)):
             phase = key.split("/", 1)[0]
             drift_counts[(step, phase)] = drift_counts.get((step, phase), 0) + 1
             t = compare_tensors(gt[key], rt[key], f"step {step}/{key}/rank 0")

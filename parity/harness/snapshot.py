@@ -368,8 +368,9 @@ def read_snapshot(
     out: dict[str, torch.Tensor] = {}
     with _open(path) as f:
         try:
-            md, encoded = _split_metadata(f.metadata(), path)
-            names = _written_order(f.metadata(), list(f.keys()))
+            raw = f.metadata()
+            md, encoded = _split_metadata(raw, path)
+            names = _written_order(raw, list(f.keys()))
             if keys is not None:
                 absent = [k for k in keys if k not in names]
                 if absent:
