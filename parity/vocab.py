@@ -71,6 +71,7 @@ class Check(StrEnum):
     MASTERS_CARRY_QKV_SPLIT = "masters-carry-qkv-split"
     GRAD_BUFFER_CLEAN = "grad-buffer-clean"
     PARAM_GATHER_ONCE = "param-gather-once"
+    PARAM_GATHER_PREFETCHED = "param-gather-prefetched"  # each pre-hook launched the next group's gather
     SAVE_LEAVES_STATE = "save-leaves-state"
     CHECKPOINT_HOLDS_STATE = "checkpoint-holds-state"
     FINITE = "finite"                      # no NaN or Inf in training (the merged scan)
@@ -143,6 +144,7 @@ class Fault(StrEnum):
     WEIGHT_DECAY_ON_NORMS = "weight-decay-on-norms"
     MOE_PROBS_AFTER_FC2 = "moe-probs-after-fc2"
     LR_SCHEDULE_SKIPS_DISTOPT = "lr-schedule-skips-distopt"
+    NEXT_GATHER_NOT_PREFETCHED = "next-gather-not-prefetched"
 
 
 FIRED: set[Fault] = set()

@@ -25,6 +25,11 @@ PRE_HOOK = "pre_hook"      # a forward pre-hook waited on it and copied it back
 FORCE_SYNC = "force_sync"  # start_param_sync(force_sync=True) finished it
 OPTIMIZER = "optimizer"    # the optimizer gathered it right after its step (FP8 DistOpt, s2.16)
 
+# Where a forward pre-hook found its group's param gather when it came to wait on it
+# (DDP.pre_hook_waits): what the chain of pre-hooks is for.
+IN_FLIGHT = "in_flight"    # launched earlier (by the pre-hook of the group before it in the chain)
+ON_DEMAND = "on_demand"    # not launched yet: the hook launched it and waited at once, nothing overlapped
+
 # Who launched a bucket group's grad reduction in a step (BucketGroup.grad_reduces):
 BACKWARD = "backward"      # its backward hooks, once every param reported as often as expected
 AT_FINISH = "finish"       # finish_grad_sync: without overlap; under overlap, in the first step

@@ -9,6 +9,8 @@ import torch.distributed as dist
 
 from parity.ddp.buffers import (
     FORCE_SYNC,
+    IN_FLIGHT,
+    ON_DEMAND,
     PRE_HOOK,
     BufferConfig,
     ParamAndGradBuffer,
@@ -71,6 +73,7 @@ class DDP:
         self.is_last_microbatch = True
         self._pre_hooks = []
         self.pre_hooks_enabled = False
+        self.pre_hook_waits: list[tuple] = []  # (group, IN_FLIGHT or ON_DEMAND) per pre-hook that waited
         if config.overlap_param_gather:
             self.enable_forward_pre_hook()
 
@@ -224,15 +227,19 @@ class DDP:
 
     def finish_param_sync(self, g):
         """A forward pre-hook's work for one group: launch its gather if nobody did, wait on it,
-        launch the next group's gather, then copy this group's payload back."""
+        launch the next group's gather, then copy this group's payload back. Records, in order,
+        whether the gather it waits on was already in flight when it came to it (the overlap)."""
+        arrival = IN_FLIGHT if g.param_gather_dispatched else ON_DEMAND
         if not g.param_gather_dispatched:
             g.start_param_sync()
         if g.param_gather_handle is None:
             return  # landed already (or nothing to gather)
+        self.pre_hook_waits.append((g, arrival))
         g.wait_param_sync()
         nxt = g.next_param_gather_group
         if nxt is not None and not nxt.param_gather_dispatched:
-            nxt.start_param_sync()
+            if Fault.NEXT_GATHER_NOT_PREFETCHED not in self.faults:  # else its own hook launches it
+                nxt.start_param_sync()
         if nxt is not None and Fault.WAIT_WRONG_HANDLE in self.faults:
             g = nxt  # the copy-back reads the gather this hook just launched
         g.finish_param_sync(PRE_HOOK)

@@ -157,6 +157,9 @@ CATALOGUE = {
                                 "(parity's own stack did until the thirty-third session)", 52),
     Fault.LR_SCHEDULE_SKIPS_DISTOPT: ("the LR schedule sets the LayerWise child's lr only, on both sides: the "
                                       "DistOpt child's Adam steps at the lr it was built with", 53),
+    Fault.NEXT_GATHER_NOT_PREFETCHED: ("a pre-hook waits on its group's gather but never launches the next "
+                                       "group's: every gather starts when its own params are needed, and no "
+                                       "gather overlaps compute (the bytes are the same)", 54),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from parity.distributed.collectives import all_gather_into, all_gather_object, all_reduce_sum
 from parity.distributed.groups import build_groups
-from parity.ddp.buffers import AT_FINISH, BACKWARD
+from parity.ddp.buffers import AT_FINISH, BACKWARD, IN_FLIGHT, ON_DEMAND, PRE_HOOK
 from parity.harness import golden
 from parity.harness.compare import bit_view, compare_tensors
 from parity.harness.faults import bump_one_ulp
@@ -724,7 +724,8 @@ class LockstepRunner:
         while test.closed_windows:
             w = test.closed_windows.pop(0)
             bad = []
-            for row in test.gather_report(w):
+            rows = test.gather_report(w)
+            for row in rows:
                 exp = [row["by"]] * row["expect"]
                 if not row["used"] or row["before_first_use"] != exp or row["total"] != exp:
                     bad.append(row)
@@ -736,6 +737,36 @@ class LockstepRunner:
                        f"{r['before_first_use'] or 'none'}, in the whole window: {r['total'] or 'none'}; "
                        f"expected exactly {r['expect']} by {r['by']} ({len(bad)} group(s) wrong)")
             self._check(w.step, Check.PARAM_GATHER_ONCE, not bad, msg)
+            if w.source == PRE_HOOK:
+                hooked = [r["group"] for r in rows if r["by"] == PRE_HOOK and r["expect"]]
+                self._prefetch_check(w.step, test.prefetch_report(w), hooked)
+
+    def _prefetch_check(self, step: int, rows: list[dict], hooked: list[int]) -> None:
+        """The overlap the chain of pre-hooks exists for: a pre-hook that waits on its group's
+        gather launches the next group's, so a group's gather must be in flight when its own
+        pre-hook comes to it exactly where the group that is to launch it (the next in bucket
+        order of its kind) waited earlier in the window; elsewhere (the first group the forward
+        reaches, or one reached before its launcher, as with several buffers) its own pre-hook
+        launches it (docs/spec/megatron.md s2.10). No value shows a lost prefetch: a gather
+        launched on demand lands the same bytes, only without overlapping any compute. Each
+        group the window's pre-hooks gather (``hooked``) waits exactly once."""
+        waited, wrong = set(), []
+        for r in rows:
+            want = IN_FLIGHT if r["launcher"] in waited else ON_DEMAND
+            if r["arrival"] != want:
+                wrong.append((r, want))
+            waited.add(r["group"])
+        recorded, msg = sorted(r["group"] for r in rows), ""
+        if recorded != sorted(hooked):
+            msg = (f"step {step}: pre-hook waits recorded for bucket groups {recorded}, expected one for each "
+                   f"group the pre-hooks gather: {sorted(hooked)}")
+        elif wrong:
+            r, want = wrong[0]
+            msg = (f"step {step}: bucket group {r['group']} ({r['first_param']}): its pre-hook found the gather "
+                   f"{r['arrival']}, expected {want} (group {r['launcher']}'s pre-hook "
+                   f"{'waited before it' if want == IN_FLIGHT else 'had not run'}; {len(wrong)} of {len(rows)} "
+                   f"pre-hook waits wrong): the gathers do not overlap as the chain orders them")
+        self._check(step, Check.PARAM_GATHER_PREFETCHED, not msg, msg, examined=len(rows))
 
     def _replicated(self, name: str) -> bool:
         """Does another rank hold a replica of this tensor (its DP group has more than one rank)?

@@ -54,6 +54,9 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     "numel-only-ownership": ("w4-dense", Expect("check", check="ownership-agrees", step=-1)),
     "quantized-classifier-always-true": ("w4-dense", Expect("check", check="dropped-set-replaced", step=0)),
     "sample-before-deferred-gather": ("w4-moe-overlap", Expect("mismatch", phase="param_sync", step=0)),
+    # the same bytes land, on demand: only the record of where each pre-hook found its gather
+    # shows it, in the first window the pre-hooks gather (step 0's optimizer to step 1's forward)
+    "next-gather-not-prefetched": ("w4-moe-overlap", Expect("check", check="param-gather-prefetched", step=0)),
     # the stale params show, and so does the missing gather, read from the bucket groups' records
     "no-rearm-in-finish-grad-sync": ("w4-moe-overlap", (Expect("mismatch", phase="param_sync", step=1),
                                                         Expect("check", check="param-gather-once", step=1))),

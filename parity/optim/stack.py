@@ -52,6 +52,10 @@ class GatherWindow:
     """group -> (first param of the group a forward used, the gathers landed by then)."""
     total: dict = field(default_factory=dict)
     """group -> every gather landed in the window (set when it closes)."""
+    wait_start: int = 0
+    """len(ddp.pre_hook_waits) when the window opened."""
+    waits: list = field(default_factory=list)
+    """(group, IN_FLIGHT or ON_DEMAND) for each pre-hook wait in the window, in order (set when it closes)."""
 
 
 class Stack:
@@ -137,7 +141,8 @@ class Stack:
         if step == 0 or Fault.OPTIMIZER_REPORTED_ONCE not in cfg.faults:
             on_phase(step, Phase.OPTIMIZER, self.optimizer_state())
         if self.overlap:
-            self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.bucket_groups})
+            self.window = GatherWindow(step, {g: len(g.param_gathers) for g in ddp.bucket_groups},
+                                       wait_start=len(ddp.pre_hook_waits))
             eager = ddp.eager_gather_buckets()
             self.distopt.gather(only=eager)
             for g in ddp.bucket_groups:  # recorded as the groups record a pre-hook's gather
@@ -267,6 +272,7 @@ class Stack:
         if w is None:
             return
         w.total = {g: g.param_gathers[w.start[g]:] for g in w.start}
+        w.waits = self.ddp.pre_hook_waits[w.wait_start:]
         self.closed_windows.append(w)
         self.window = None
 
@@ -284,6 +290,19 @@ class Stack:
                          "expect": 1 if g.gathers_params else 0,
                          "before_first_use": list(before), "total": list(w.total.get(g, []))})
         return rows
+
+    def prefetch_report(self, w: GatherWindow) -> list[dict]:
+        """The pre-hook waits of a closed window, in the order the forward made them: the group
+        (its index in bucket order), where its gather was then, and the group whose pre-hook is
+        to launch it ahead: the next one in bucket order of the same kind, dense or expert, as
+        gathers run in reverse bucket order and the two kinds chain apart (docs/spec/megatron.md
+        s2.4). Read from the bucket order, not from the groups' links."""
+        groups = self.ddp.bucket_groups
+        expert = [g.buckets[0].buffer.key.is_expert for g in groups]
+        launcher = {g: next((j for j in range(i + 1, len(groups)) if expert[j] == expert[i]), None)
+                    for i, g in enumerate(groups)}
+        return [{"group": groups.index(g), "first_param": self.names[g.params[-1]], "arrival": arrival,
+                 "launcher": launcher[g]} for g, arrival in w.waits]
 
     def set_lr(self, step: int) -> None:
         """Both optimizers take this step's lr from the schedule (docs/spec/megatron.md s2.15)."""

@@ -42,6 +42,24 @@ def test_clean_overlap_run_checks_every_window():
     assert all(c["ok"] for c in got)
     assert entry["compared_by_phase"]["param_sync"] > 0
     assert entry["steps"] == 2
+    waits = checks(results, "param-gather-prefetched")  # the same windows, each wait looked at
+    assert sorted((c["rank"], c["step"]) for c in waits) == [(r, s) for r in range(4) for s in range(2)]
+    assert all(c["ok"] and c["examined"] > 0 for c in waits)
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(4)
+def test_a_lost_prefetch_is_caught_though_every_bit_agrees():
+    """Pre-hooks that never launch the next group's gather land the same bytes, each gather
+    launched when its own params are needed: no comparison differs, and only the record of
+    where each pre-hook found its gather shows the lost overlap, in the first window."""
+    entry, results = run(W4_OVERLAP, Fault.NEXT_GATHER_NOT_PREFETCHED.value, steps=2)
+    assert entry["status"] == "fail" and entry["first_divergence"] is None
+    assert {c["check"] for c in entry["failed_checks"]} == {"param-gather-prefetched"}
+    bad = [c for c in checks(results, "param-gather-prefetched") if not c["ok"]]
+    assert {c["step"] for c in bad} == {0, 1} and {c["rank"] for c in bad} == set(range(4))
+    # the first group the chain reaches after the forward's first one: layers.0's projection
+    assert "layers.0.attn.proj.weight" in bad[0]["message"] and "expected in_flight" in bad[0]["message"]
 
 
 @pytest.mark.slow

@@ -92,8 +92,11 @@ def test_scenario_passes(scenario):
     assert (Check.CHECKPOINT_HOLDS_STATE in ran) == (scenario.resume_at is not None)
     if scenario.resume_at is not None:  # some rank compared some state with the saved checkpoint
         assert next(c for c in entry["checks"] if c["check"] == Check.CHECKPOINT_HOLDS_STATE)["examined"] > 0
-    gathers_overlapped = scenario.stack_configs()[0].ddp.overlap_param_gather
+    test_side = scenario.stack_configs()[0]
+    gathers_overlapped = test_side.ddp.overlap_param_gather
     assert (Check.PARAM_GATHER_ONCE in ran) == gathers_overlapped
+    hooks_gather = gathers_overlapped and not test_side.force_sync_each_step  # else forced syncs land them
+    assert (Check.PARAM_GATHER_PREFETCHED in ran) == hooks_gather
     assert (Check.REPLICAS in ran) == (scenario.world > 1)
     masters = next(c for c in entry["checks"] if c["check"] == Check.PARAMS_HOLD_MASTERS)
     assert masters["examined"] > 0  # some rank compared some master with its param
