@@ -17,7 +17,15 @@ place), as ``python -m parity run --set SET --fail-fast --snapshot none`` (or th
 with that copy first on the path. Prints one line per mutant and the survivors; asserts nothing. Exit 0; 1 when the set does not pass
 unmutated; 2 on bad usage.
 
+``--selftest`` turns the tool on the harness's own checks: it mutates the harness (by default the
+runner, where the in-run checks live, and the comparison) and judges each mutant by
+``parity selftest`` instead: killed where some catalogued fault goes uncaught or a clean run
+fails, survived where the whole catalogue is still caught. A survivor on a line the selftest runs
+is a piece of a check that no fault needs: an edit that changes nothing, or a part of a check
+that the catalogue never proves able to fail.
+
     python tools/mutants.py [--set quick | --scenarios NAME...] [--sample 60] [--seed 0] [--files F...]
+    python tools/mutants.py --selftest [FAULT...] [--sample 20] [--files F...]
     python tools/mutants.py --list            # the mutants, without running them
 """
 
@@ -43,6 +51,8 @@ DEFAULT_FILES = [
     "parity/optim/adam.py", "parity/model/fp8_linear.py", "parity/model/moe.py",
 ]
 """The stack's modules that the feature (FP8 param gather on the compact layout) runs through."""
+HARNESS_FILES = ["parity/harness/runner.py", "parity/harness/compare.py"]
+"""The harness's in-run checks and its bitwise comparison: what ``--selftest`` mutates by default."""
 
 SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
         ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
@@ -167,17 +177,25 @@ runpy.run_module("parity", run_name="__main__", alter_sys=True)
 """
 
 
+def _command(target: list[str], out: str) -> list[str]:
+    """``parity`` arguments of one judging run: ``target`` is ``parity run``'s scenarios, or
+    ``selftest`` and its faults."""
+    if target[0] == "selftest":
+        return [*target, "--out", out]
+    return ["run", *target, "--fail-fast", "--quiet", "--snapshot", "none", "--timeout", "30", "--out", out]
+
+
 def reached_lines(tree: Path, files: list[str], target: list[str], timeout: float) -> set[tuple[str, int]]:
-    """(repo-relative file, line) of every line of ``files`` that the run of ``target`` (``parity
-    run`` arguments naming scenarios) executes in any process, unmutated."""
+    """(repo-relative file, line) of every line of ``files`` that the judging run of ``target``
+    (see :func:`_command`) executes in any process, unmutated."""
     lines_file = Path(tempfile.mkdtemp(prefix="mutants-lines-")) / "lines"
     out = tempfile.mkdtemp(prefix="mutants-cover-")
     env = {**os.environ, "PYTHONPATH": str(tree), "PARITY_GOLDENS": str(HERE / "goldens"),
            "PARITY_MUTANTS_FILES": os.pathsep.join(str(tree / f) for f in files),
            "PARITY_MUTANTS_LINES": str(lines_file)}
     try:
-        subprocess.run([sys.executable, "-c", _TRACED_RUN, "run", *target, "--quiet", "--snapshot", "none",
-                        "--golden", "off", "--out", out], cwd=tree, env=env, capture_output=True, timeout=timeout * 4)
+        subprocess.run([sys.executable, "-c", _TRACED_RUN, *_command(target, out)], cwd=tree, env=env,
+                       capture_output=True, timeout=timeout * 4)
         text = lines_file.read_text() if lines_file.is_file() else ""
     finally:
         shutil.rmtree(lines_file.parent, ignore_errors=True)
@@ -190,8 +208,8 @@ def reached_lines(tree: Path, files: list[str], target: list[str], timeout: floa
 
 
 def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> tuple[str, int | None, float, str]:
-    """(outcome, exit code, seconds, last line of output) of ``parity run TARGET`` with ``m``
-    applied (None: the tree as it is)."""
+    """(outcome, exit code, seconds, last line of output) of the judging run of ``target`` with
+    ``m`` applied (None: the tree as it is)."""
     path = tree / m.file if m else None
     original = path.read_text() if path else None
     if path:
@@ -205,8 +223,7 @@ def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> 
     env = {**os.environ, "PYTHONPATH": str(tree), "PARITY_GOLDENS": str(HERE / "goldens")}
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "parity", "run", *target, "--fail-fast", "--quiet",
-                            "--snapshot", "none", "--timeout", "30", "--out", out],
+        p = subprocess.run([sys.executable, "-m", "parity", *_command(target, out)],
                            cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         rc, text = p.returncode, (p.stdout + p.stderr).strip()
         outcome = "survived" if rc == 0 else "killed"
@@ -223,7 +240,10 @@ def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", nargs="+", default=DEFAULT_FILES, help="stack modules to mutate (repo-relative)")
+    ap.add_argument("--files", nargs="+", default=None,
+                    help="modules to mutate (repo-relative; default: the stack's, with --selftest the harness's)")
+    ap.add_argument("--selftest", nargs="*", default=None, metavar="FAULT",
+                    help="judge each mutant by `parity selftest` (these faults; none named: all) instead of a run")
     ap.add_argument("--set", default="quick", help="scenario set each mutant runs (scenarios/SET.toml)")
     ap.add_argument("--scenarios", nargs="+", default=(), metavar="NAME",
                     help="run these shipped scenarios instead of a set")
@@ -233,6 +253,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a mutant's run may take")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     a = ap.parse_args(argv)
+    if a.files is None:
+        a.files = DEFAULT_FILES if a.selftest is None else HARNESS_FILES
     for f in a.files:
         if not (HERE / f).is_file():
             print(f"mutants: no file {f}", file=sys.stderr)
@@ -240,8 +262,11 @@ def main(argv=None) -> int:
     if not a.scenarios and not (HERE / "scenarios" / f"{a.set}.toml").is_file():
         print(f"mutants: no scenario set {a.set} (scenarios/{a.set}.toml)", file=sys.stderr)
         return 2
-    target = list(a.scenarios) if a.scenarios else ["--set", a.set]
-    what = " ".join(a.scenarios) if a.scenarios else f"--set {a.set}"
+    if a.selftest is not None:
+        target, what = ["selftest", *a.selftest], " ".join(["selftest", *a.selftest])
+    else:
+        target = list(a.scenarios) if a.scenarios else ["--set", a.set]
+        what = " ".join(a.scenarios) if a.scenarios else f"--set {a.set}"
     every = [m for f in a.files for m in mutants_of(f)]
     if a.only:
         every = [m for m in every if f"{m.file}:{m.line}" in set(a.only)]

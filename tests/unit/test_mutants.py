@@ -54,10 +54,17 @@ def test_each_edit_is_applied_where_it_says(listed):
         assert changed == [m.line], m.label()
 
 
-def test_the_stacks_mutants_parse():
-    """Every eighth mutant of each stack module (all of them: 10 s; the tool marks one that does
-    not parse as invalid anyway)."""
-    for f in mutants.DEFAULT_FILES:
+def test_the_judging_run_is_a_scenario_run_or_the_selftest():
+    assert mutants._command(["--set", "quick"], "o") == [
+        "run", "--set", "quick", "--fail-fast", "--quiet", "--snapshot", "none", "--timeout", "30", "--out", "o"]
+    assert mutants._command(["selftest"], "o") == ["selftest", "--out", "o"]
+    assert mutants._command(["selftest", "stale-scale-inv"], "o") == ["selftest", "stale-scale-inv", "--out", "o"]
+
+
+def test_the_stacks_and_the_harness_checks_mutants_parse():
+    """Every eighth mutant of each stack module and of the harness's checks (all of them: 10 s;
+    the tool marks one that does not parse as invalid anyway)."""
+    for f in mutants.DEFAULT_FILES + mutants.HARNESS_FILES:
         src = (ROOT / f).read_text()
         found = mutants.mutants_of(f)
         assert found, f
