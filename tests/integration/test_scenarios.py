@@ -98,6 +98,7 @@ def test_scenario_passes(scenario):
     hooks_gather = gathers_overlapped and not test_side.force_sync_each_step  # else forced syncs land them
     assert (Check.PARAM_GATHER_PREFETCHED in ran) == hooks_gather
     assert (Check.REPLICAS in ran) == (scenario.world > 1)
+    assert Check.FINITE in ran  # the optimizer's state is scanned every step, so a clean pass is recorded
     masters = next(c for c in entry["checks"] if c["check"] == Check.PARAMS_HOLD_MASTERS)
     assert masters["examined"] > 0  # some rank compared some master with its param
     goldens_cli.check(entry, scenario, results, found, require=True)
