@@ -57,6 +57,8 @@ def test_each_edit_is_applied_where_it_says(listed):
 def test_the_judging_run_is_a_scenario_run_or_the_selftest():
     assert mutants._command(["--set", "quick"], "o") == [
         "run", "--set", "quick", "--fail-fast", "--quiet", "--snapshot", "none", "--timeout", "30", "--out", "o"]
+    assert mutants._command(["--set", "quick"], "o", traced=True) == [  # as before the selftest judge
+        "run", "--set", "quick", "--quiet", "--snapshot", "none", "--golden", "off", "--out", "o"]
     assert mutants._command(["selftest"], "o") == ["selftest", "--out", "o"]
     assert mutants._command(["selftest", "stale-scale-inv"], "o") == ["selftest", "stale-scale-inv", "--out", "o"]
 
