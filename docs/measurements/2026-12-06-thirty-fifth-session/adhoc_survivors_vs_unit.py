@@ -1,5 +1,9 @@
-"""Ad hoc: run each survivor of a tools/mutants.py --selftest sample against the non-slow unit tests
-(tests/unit, -m 'not slow'), in a copy of the tree: which survivors of the selftest the unit suite kills."""
+"""Ad hoc: apply each mutant listed in a tools/mutants.py --selftest output (its lines "  parity/...")
+in a copy of the tree and run `pytest -q -x` with the arguments that follow the file (the first use,
+cpu-compare-survivors-vs-unit-tests.txt, passed -m 'not slow' and four unit test files): which of the
+selftest's survivors the tests kill.
+
+    python adhoc_survivors_vs_unit.py MUTANTS_OUTPUT PYTEST_ARGS..."""
 import importlib.util, re, shutil, subprocess, sys, tempfile
 from pathlib import Path
 ROOT = Path("/work/main")
@@ -11,13 +15,13 @@ tree = Path(tempfile.mkdtemp(prefix="surv-"))
 for d in ("parity", "tests", "scenarios", "goldens"):
     shutil.copytree(ROOT / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
 shutil.copy(ROOT / "pyproject.toml", tree)
-every = {x.label(): x for f in m.HARNESS_FILES for x in m.mutants_of(f)}
+every = {x.label(): x for f in m.HARNESS_FILES + ["parity/harness/golden.py"] for x in m.mutants_of(f)}
 for lab in labels:
     mu = every.get(lab)
     if mu is None:
         print("not found:", lab); continue
     p = tree / mu.file; orig = p.read_text(); p.write_text(m.apply(orig, mu))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow", *sys.argv[2:]],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *sys.argv[2:]],
                        cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "HOME": "/tmp"}, capture_output=True, text=True)
     p.write_text(orig)
     last = (r.stdout.strip().splitlines() or [""])[-1]
