@@ -643,9 +643,10 @@ def compare(golden: Record, run: Record, tier: str = "exact") -> Comparison:
     diffs.sort(key=lambda d: (d.step, _PHASE_IDX.get(d.phase, 99), d.rank))  # stable: capture order within
     drift, drift_steps = [], sorted(set(golden.tensor_steps) & set(run.tensor_steps) & set(range(steps)))
     drift_counts: dict[tuple[int, str], int] = {}
+    in_order = _in_capture_order(run.ranks[0].keys, golden.ranks[0].keys) if drift_steps else None
     for step in drift_steps:
         gt, rt = golden.tensors(step), run.tensors(step)
-        for key in sorted(set(gt) & set(rt), key=_in_capture_order(run.ranks[0].keys, golden.ranks[0].keys)):
+        for key in sorted(set(gt) & set(rt), key=in_order):
             phase = key.split("/", 1)[0]
             drift_counts[(step, phase)] = drift_counts.get((step, phase), 0) + 1
             t = compare_tensors(gt[key], rt[key], f"step {step}/{key}/rank 0")

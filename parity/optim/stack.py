@@ -298,10 +298,11 @@ class Stack:
         gathers run in reverse bucket order and the two kinds chain apart (docs/spec/megatron.md
         s2.4). Read from the bucket order, not from the groups' links."""
         groups = self.ddp.bucket_groups
-        expert = [g.buckets[0].buffer.key.is_expert for g in groups]
-        launcher = {g: next((j for j in range(i + 1, len(groups)) if expert[j] == expert[i]), None)
-                    for i, g in enumerate(groups)}
-        return [{"group": groups.index(g), "first_param": self.names[g.params[-1]], "arrival": arrival,
+        index, launcher, later = {}, {}, {}  # later: kind -> the nearest group after, in bucket order
+        for i in reversed(range(len(groups))):
+            g, kind = groups[i], groups[i].buckets[0].buffer.key.is_expert
+            index[g], launcher[g], later[kind] = i, later.get(kind), i
+        return [{"group": index[g], "first_param": self.names[g.params[-1]], "arrival": arrival,
                  "launcher": launcher[g]} for g, arrival in w.waits]
 
     def set_lr(self, step: int) -> None:

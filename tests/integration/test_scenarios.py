@@ -97,6 +97,8 @@ def test_scenario_passes(scenario):
     assert (Check.PARAM_GATHER_ONCE in ran) == gathers_overlapped
     hooks_gather = gathers_overlapped and not test_side.force_sync_each_step  # else forced syncs land them
     assert (Check.PARAM_GATHER_PREFETCHED in ran) == hooks_gather
+    if hooks_gather:  # some pre-hook wait was held to the rule
+        assert next(c for c in entry["checks"] if c["check"] == Check.PARAM_GATHER_PREFETCHED)["examined"] > 0
     assert (Check.REPLICAS in ran) == (scenario.world > 1)
     assert Check.FINITE in ran  # the optimizer's state is scanned every step, so a clean pass is recorded
     masters = next(c for c in entry["checks"] if c["check"] == Check.PARAMS_HOLD_MASTERS)

@@ -4,13 +4,12 @@ cpu-compare-survivors-vs-unit-tests.txt, passed -m 'not slow' and four unit test
 selftest's survivors the tests kill.
 
     python adhoc_survivors_vs_unit.py MUTANTS_OUTPUT PYTEST_ARGS..."""
-import importlib.util, re, shutil, subprocess, sys, tempfile
+import importlib.util, shutil, subprocess, sys, tempfile
 from pathlib import Path
-ROOT = Path("/work/main")
+ROOT = Path(__file__).resolve().parents[3]
 spec = importlib.util.spec_from_file_location("m", ROOT / "tools/mutants.py")
 m = importlib.util.module_from_spec(spec); sys.modules["m"] = m; spec.loader.exec_module(m)
 labels = [l.strip() for l in open(sys.argv[1]) if l.startswith("  parity/")]
-want = labels[: labels.index(next(l for l in labels), 0) + len(labels)]
 tree = Path(tempfile.mkdtemp(prefix="surv-"))
 for d in ("parity", "tests", "scenarios", "goldens"):
     shutil.copytree(ROOT / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
