@@ -113,6 +113,8 @@ def test_golden_identity_leaves_out_name_steps_and_stored_steps():
     assert golden.base_name("default[steps=3+world=1]") == "default"
     assert golden.tensor_steps([0, -1], 30) == [0, 29] and golden.tensor_steps([0, -1], 1) == [0]
     assert golden.tensor_steps([5, -40], 4) == [] and golden.tensor_steps([], 4) == []
+    # the bounds are Python's: -steps is the first step, steps is past the end
+    assert golden.tensor_steps([-4], 4) == [0] and golden.tensor_steps([4], 4) == []
 
 
 def test_capture_keeps_rank0_tensors_at_stored_steps_only():
@@ -291,6 +293,7 @@ def _save(path: Path, m) -> None:
     (lambda m: {**m, "format_version": 3}, GoldenFormatError, "upgrade parity"),
     (lambda m: {**m, "config": {"world": 4}}, GoldenError, "'fingerprint' does not match"),
     (lambda m: {**m, "files": {}}, GoldenError, "not listed"),
+    (lambda m: {k: v for k, v in m.items() if k != "scenario"}, GoldenError, "'scenario' or 'config' missing"),
     (lambda m: {**m, "steps": 5}, GoldenError, "4 entries for 5 steps"),
 ])
 def test_malformed_manifest_is_a_clean_error(tmp_path, edit, error, match):
