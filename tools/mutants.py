@@ -26,8 +26,15 @@ that the catalogue never proves able to fail. With ``--selftest`` no mutant is c
 the selftest's ranks start from a fork server, which the line tracer does not follow, so a traced
 run would miss the lines only ranks run (every survivor is listed for reading instead).
 
+``--pytest TEST...`` judges each mutant by the tests named instead (pytest node ids or files, run
+with ``-x`` in the copy, which then holds ``tests/`` and ``goldens/`` too): the judge for a module whose checks are
+its own tests, such as the comparison's bit rules (``tests/unit/test_compare.py``) or the golden
+records' files (``tests/integration/test_golden.py``), which the selftest never reads. As under
+``--selftest``, no mutant is counted unreached.
+
     python tools/mutants.py [--set quick | --scenarios NAME...] [--sample 60] [--seed 0] [--files F...]
     python tools/mutants.py --selftest [FAULT...] [--sample 20] [--files F...]
+    python tools/mutants.py --pytest TEST... --files F... [--sample 20]
     python tools/mutants.py --list            # the mutants, without running them
 """
 
@@ -185,6 +192,8 @@ def _command(target: list[str], out: str, traced: bool = False) -> list[str]:
     keeps the collectives' default timeout and skips the golden comparison."""
     if target[0] == "selftest":
         return [*target, "--out", out]
+    if target[0] == "pytest":
+        return ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *target[1:]]
     if traced:
         return ["run", *target, "--quiet", "--snapshot", "none", "--golden", "off", "--out", out]
     return ["run", *target, "--fail-fast", "--quiet", "--snapshot", "none", "--timeout", "30", "--out", out]
@@ -228,7 +237,8 @@ def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> 
     env = {**os.environ, "PYTHONPATH": str(tree), "PARITY_GOLDENS": str(HERE / "goldens")}
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "parity", *_command(target, out)],
+        command = _command(target, out)
+        p = subprocess.run([sys.executable, *(command if command[0] == "-m" else ["-m", "parity", *command])],
                            cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         rc, text = p.returncode, (p.stdout + p.stderr).strip()
         outcome = "survived" if rc == 0 else "killed"
@@ -249,6 +259,8 @@ def main(argv=None) -> int:
                     help="modules to mutate (repo-relative; default: the stack's, with --selftest the harness's)")
     ap.add_argument("--selftest", nargs="*", default=None, metavar="FAULT",
                     help="judge each mutant by `parity selftest` (these faults; none named: all) instead of a run")
+    ap.add_argument("--pytest", nargs="+", default=None, metavar="TEST",
+                    help="judge each mutant by these tests (pytest node ids or files) instead of a run")
     ap.add_argument("--set", default="quick", help="scenario set each mutant runs (scenarios/SET.toml)")
     ap.add_argument("--scenarios", nargs="+", default=(), metavar="NAME",
                     help="run these shipped scenarios instead of a set")
@@ -258,6 +270,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a mutant's run may take")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     a = ap.parse_args(argv)
+    if a.files is None and a.pytest is not None:
+        print("mutants: --pytest needs --files: the modules its tests judge", file=sys.stderr)
+        return 2
     if a.files is None:
         a.files = DEFAULT_FILES if a.selftest is None else HARNESS_FILES
     for f in a.files:
@@ -267,7 +282,12 @@ def main(argv=None) -> int:
     if not a.scenarios and not (HERE / "scenarios" / f"{a.set}.toml").is_file():
         print(f"mutants: no scenario set {a.set} (scenarios/{a.set}.toml)", file=sys.stderr)
         return 2
-    if a.selftest is not None:
+    if a.selftest is not None and a.pytest is not None:
+        print("mutants: --selftest and --pytest are two judges: name one", file=sys.stderr)
+        return 2
+    if a.pytest is not None:
+        target, what = ["pytest", *a.pytest], " ".join(["pytest", *a.pytest])
+    elif a.selftest is not None:
         target, what = ["selftest", *a.selftest], " ".join(["selftest", *a.selftest])
     else:
         target = list(a.scenarios) if a.scenarios else ["--set", a.set]
@@ -284,16 +304,19 @@ def main(argv=None) -> int:
         return 0
     tree = Path(tempfile.mkdtemp(prefix="mutants-tree-"))
     try:
-        for d in ("parity", "scenarios"):
+        # the tests read the goldens from the tree they run in (they unset $PARITY_GOLDENS)
+        for d in ("parity", "scenarios", *(("tests", "goldens") if a.pytest is not None else ())):
             shutil.copytree(HERE / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
+        if a.pytest is not None:
+            shutil.copy(HERE / "pyproject.toml", tree)  # pytest's markers and options
         # the copy unmutated first: a mutant counts as killed only where the set passes without it
         outcome, rc, secs, last = run_one(tree, None, target, a.timeout)
         print(f"unmutated: {'passes' if outcome == 'survived' else 'FAILS'} (rc={rc}, {secs:.1f} s)", flush=True)
         if outcome != "survived":
             print(f"mutants: {what} does not pass unmutated: {last}", file=sys.stderr)
             return 1
-        reached = None  # the selftest's ranks start from a fork server the tracer does not follow
-        if a.selftest is None:
+        reached = None  # the selftest's and the tests' ranks start from a fork server the tracer does not follow
+        if target[0] not in ("selftest", "pytest"):
             reached = reached_lines(tree, sorted({m.file for m in chosen}), target, a.timeout)
             print(f"{what} runs {len(reached)} lines of the mutated files", flush=True)
         rows = []

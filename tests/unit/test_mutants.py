@@ -54,13 +54,15 @@ def test_each_edit_is_applied_where_it_says(listed):
         assert changed == [m.line], m.label()
 
 
-def test_the_judging_run_is_a_scenario_run_or_the_selftest():
+def test_the_judging_run_is_a_scenario_run_the_selftest_or_named_tests():
     assert mutants._command(["--set", "quick"], "o") == [
         "run", "--set", "quick", "--fail-fast", "--quiet", "--snapshot", "none", "--timeout", "30", "--out", "o"]
     assert mutants._command(["--set", "quick"], "o", traced=True) == [  # as before the selftest judge
         "run", "--set", "quick", "--quiet", "--snapshot", "none", "--golden", "off", "--out", "o"]
     assert mutants._command(["selftest"], "o") == ["selftest", "--out", "o"]
     assert mutants._command(["selftest", "stale-scale-inv"], "o") == ["selftest", "stale-scale-inv", "--out", "o"]
+    assert mutants._command(["pytest", "tests/unit/test_compare.py"], "o") == [
+        "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/unit/test_compare.py"]
 
 
 def test_the_stacks_and_the_harness_checks_mutants_parse():
