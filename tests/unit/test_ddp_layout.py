@@ -71,6 +71,27 @@ def test_padded_layout_chunks_absorbs_and_places_as_upstream():
     assert lay.numel_unpadded == 240 and lay.numel == 384
 
 
+def test_padded_layout_bounds_are_inclusive():
+    """Both of s2.2 (c)'s bounds at equality, where `<` and `<=` part ways.
+
+    The chunk's soft minimum is "at least": with bucket_size 128, dp 2 and backprop order a, b, c
+    (64 each), a chunk holding a and b has exactly 128 >= max(128, 0.9*2*64), and c would grow
+    it (estimate [64, 64]: 64 + 64 > 64), so c starts a second bucket.
+
+    The packing cap is "stays within": x (16x28, cost 28*16^2 = 7168) goes first, onto shard 0;
+    y (512, cost 512) fits only shard 1; z (320) ends exactly at the cap (1280/2*1.3 = 832) on
+    shard 1, whose cost is the lower, so it goes there and not onto shard 0, where it also fits."""
+    c, b, a = _params(64, 64, 64)
+    lay = padded_layer_wise_layout([c, b, a], bucket_size=128, dp=2)
+    assert lay.buckets == [(0, 128), (128, 256)]
+    assert [lay.index[p][2] for p in (a, b, c)] == [0, 0, 1]
+    z, y = _params(320, 512)
+    x = torch.nn.Parameter(torch.zeros(16, 28))
+    lay = padded_layer_wise_layout([z, y, x], bucket_size=None, dp=2)
+    assert [lay.shard_owner[p] for p in (x, y, z)] == [0, 1, 1]
+    assert [lay.index[p] for p in (x, y, z)] == [(0, 448, 0), (832, 1344, 0), (1344, 1664, 0)]
+
+
 def test_padded_layout_spreads_the_models_matrices_over_every_rank():
     """The blind spot the old packing left: with matrices larger than the bucket size every matrix
     was a bucket of its own owned by rank 0, so no other owner's padded path ever ran."""
