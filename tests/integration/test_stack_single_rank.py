@@ -57,6 +57,13 @@ def test_on_equals_off(single_rank, recipe, moe, steps, edges):
             assert {f"param_sync/{name}.fp8.rowwise_data", f"param_sync/{name}.fp8.rowwise_scale_inv"} <= keys.keys(), \
                 (step, name)
     assert len(res["steps"]) == steps
+    # The report's persistent bytes of the Muon matrices: ON keeps each FP8 weight as its FP8 parts;
+    # OFF keeps it in bf16 (2 bytes an element) and quantizes an FP8 copy of it each forward. Where
+    # both quantize alike, ON's bytes plus the bf16 ones it no longer keeps are OFF's total.
+    on, off = res["persistent_bytes"]["test"], res["persistent_bytes"]["ref"]
+    bf16_bytes = 2 * sum(p.numel() for p in model.parameters() if is_quantized_param(p))
+    assert on["off_fp8_weight_copy_bytes"] == 0 and off["off_fp8_weight_copy_bytes"] > 0
+    assert on["muon_param_bytes"] + bf16_bytes == off["muon_total_bytes"], (on, off, bf16_bytes)
 
 
 @pytest.mark.parametrize("fault", [Fault.STALE_SCALE_INV, Fault.FTZ_SUBNORMAL_SCALE_INV])
