@@ -153,6 +153,21 @@ def test_a_damaged_checkpoint_is_refused(single_rank, tmp_path, damage):
         ckpt.read_manifest(str(path))
 
 
+def test_a_checkpoint_of_another_stack_is_refused_at_its_first_param(single_rank, tmp_path):
+    """The stack's own load names the first model tensor that does not fit, before DCP reads a
+    byte: saved FP8 parts where this stack keeps bf16 (ON's checkpoint loaded into OFF), and a
+    tensor of another shape (a wider vocabulary)."""
+    _, on, off = build()
+    save(tmp_path / "c", on)
+    saved = ckpt.saved_entries(str(tmp_path / "c"))
+    with pytest.raises(ckpt.CheckpointError, match=r"no tensor 'test/model/\S+': it was written by another model"):
+        ckpt.load_targets(off, saved, prefix="test/")
+    _, wide, _ = build(model={"vocab_size": 256})
+    with pytest.raises(ckpt.CheckpointError,
+                       match=r"'test/model/\S*embed\S*' is torch.bfloat16 \(128, 128\); this stack holds torch.bfloat16 \(256, 128\)"):
+        ckpt.load_targets(wide, saved, prefix="test/")
+
+
 def test_pair_checkpoint_is_checked_against_the_scenario(single_rank, tmp_path):
     s, on, off = build()
     train(on, 1)
