@@ -230,3 +230,13 @@ def test_build_groups_needs_a_process_group():
     r = subprocess.run([sys.executable, "-c", _NO_GROUP], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "initialised default process group" in r.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_sums_of_fp8_tensors_are_refused(dtype):
+    """FP8 bytes travel only by gathers (as bytes); a sum of FP8 values would round at every hop, so
+    both sums refuse them before touching a group (this process needs none)."""
+    with pytest.raises(TypeError, match=f"all_reduce_sum: reducing {dtype} tensors is not supported"):
+        C.all_reduce_sum(torch.zeros(4, dtype=dtype))
+    with pytest.raises(TypeError, match=f"reduce_scatter_sum: reducing {dtype} tensors is not supported"):
+        C.reduce_scatter_sum(torch.zeros(2, dtype=dtype), torch.zeros(4, dtype=dtype))
