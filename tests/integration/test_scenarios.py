@@ -92,6 +92,12 @@ def test_scenario_passes(scenario):
     assert (Check.CHECKPOINT_HOLDS_STATE in ran) == (scenario.resume_at is not None)
     if scenario.resume_at is not None:  # some rank compared some state with the saved checkpoint
         assert next(c for c in entry["checks"] if c["check"] == Check.CHECKPOINT_HOLDS_STATE)["examined"] > 0
+        # the resumed run is held to the uninterrupted one (state both sides lose alike shows only
+        # there); one that restarts at another world, to the saved checkpoint's gathered view
+        r, resharded = entry["resume"], (scenario.resume_world or scenario.world) != scenario.world
+        against = "saved checkpoint (gathered view)" if resharded else "uninterrupted run"
+        assert (r["resharded"], r["against"], "note" in r) == (resharded, against, resharded)
+        assert r["compared"] > 0 and r["mismatches"] == 0
     test_side = scenario.stack_configs()[0]
     gathers_overlapped = test_side.ddp.overlap_param_gather
     assert (Check.PARAM_GATHER_ONCE in ran) == gathers_overlapped
