@@ -190,8 +190,8 @@ def _sign_mag(v: torch.Tensor, fmt: _FloatFormat) -> tuple[torch.Tensor, torch.T
         return torch.zeros_like(w, dtype=torch.bool), w & ((1 << fmt.bits) - 1)
     if fmt.bits == 64:
         return w < 0, w & _INT64_MAX
-    w = w & ((1 << fmt.bits) - 1)
-    return (w >> (fmt.bits - 1)) != 0, w & ((1 << (fmt.bits - 1)) - 1)
+    # a signed view widens sign-extended, an unsigned one zero-extended: bit (bits - 1) is the sign either way
+    return (w >> (fmt.bits - 1)) & 1 != 0, w & ((1 << (fmt.bits - 1)) - 1)
 
 
 def _nan_mask(sign: torch.Tensor, mag: torch.Tensor, fmt: _FloatFormat) -> torch.Tensor:

@@ -231,6 +231,24 @@ def test_count_nonfinite_on_equal_tensors():
     assert d.equal and (d.nan_a, d.nan_b, d.inf_a, d.inf_b) == (1, 1, 2, 2)
 
 
+@pytest.mark.parametrize("dtype, nan", [(torch.float8_e8m0fnu, 0xFF), (torch.float8_e4m3fn, 0x7F),
+                                        (torch.float8_e4m3fnuz, 0x80)], ids=str)
+def test_nonfinite_counts_of_the_fp8_formats_without_inf(dtype, nan):
+    """E8M0 (unsigned: 0xFF), E4M3 (0x7F and 0xFF) and the FNUZ formats (0x80) have NaNs and no Inf."""
+    e = _bits([nan, 0x01, 0x02], dtype)
+    d = compare_tensors(e, e.clone(), "s", count_nonfinite=True)
+    assert (d.nan_a, d.nan_b, d.inf_a, d.inf_b) == (1, 1, 0, 0)
+
+
+def test_the_inf_count_in_the_message():
+    d = compare_tensors(torch.tensor([float("inf"), 1.0]), torch.tensor([1.0, 1.0]), "x")
+    assert "Inf 1 vs 0" in d.message()
+
+
+def test_percentages_in_messages():
+    assert [cmp._fmt_pct(f) for f in (0.0, 0.005, 0.01, 0.5, 1.0)] == ["0.0%", "0.5%", "1.0%", "50.0%", "100%"]
+
+
 def test_to_dict_is_json():
     a = torch.tensor([1.0, float("nan")])
     b = torch.tensor([2.0, float("nan")])
@@ -287,6 +305,9 @@ def test_ulp_distance_conventions():
     assert d[3] == 1  # inf follows the largest finite value
     assert d[4] == 0
     assert d[5] == 2 * 0x3F800000 + 1
+    # the same conventions in float64, whose sign is read from the int64 view directly
+    tiny64 = torch.tensor([5e-324, 5e-324, -0.0], dtype=torch.float64)
+    assert ulp_distance(torch.tensor([0.0, -5e-324, 0.0], dtype=torch.float64), tiny64).tolist() == [1, 3, 1]
 
 
 def test_ulp_distance_matches_integer_difference_for_same_sign():
@@ -361,6 +382,7 @@ def test_missing_and_extra_keys_fail():
     r = compare_captures(a, b, prefix="step 2/", suffix="/rank 1", labels=("OFF", "ON"))
     assert not r.ok
     assert r.missing == ["grad_reduce/decoder.0.mlp.fc1.weight"] and r.extra == ["forward/extra"]
+    assert r.summary().endswith(", 1 missing from ON, 1 missing from OFF"), r.summary()
     msgs = r.messages()
     assert "step 2/forward/extra/rank 1: present in ON, missing from OFF" in msgs
     assert "step 2/grad_reduce/decoder.0.mlp.fc1.weight/rank 1: present in OFF, missing from ON" in msgs

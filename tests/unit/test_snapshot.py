@@ -95,6 +95,27 @@ def test_views_are_cloned_not_shared(tmp_path):
     assert tensors["c"][0].tolist() == [0.0, 4.0, 8.0, 12.0]
 
 
+def test_only_what_safetensors_cannot_take_is_copied(tmp_path, monkeypatch):
+    """A step's tensors can be gigabytes: a contiguous CPU tensor that owns its storage is written
+    as it is; a view, and a second key naming the same tensor (a tied weight), are copied."""
+    copied = []
+    real = snap.to_cpu_contiguous
+    monkeypatch.setattr(snap, "to_cpu_contiguous", lambda t: copied.append(t) or real(t))
+    own, base = torch.arange(8, dtype=torch.float32), torch.arange(16, dtype=torch.float32)
+    path = write_snapshot(tmp_path / "c.safetensors", {"own": own, "tied": own, "view": base[2:6]})
+    assert [t.data_ptr() for t in copied] == [own.data_ptr(), base.data_ptr() + 8]  # the tie, the view
+    tensors, _ = read_snapshot(path)
+    assert tensors["tied"].tolist() == own.tolist() and tensors["view"].tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+def test_writing_leaves_no_file_open(tmp_path):
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(20):
+        write_snapshot(tmp_path / f"s{i}.safetensors", {"x": torch.zeros(2)})
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_read_returns_private_copies(tmp_path):
     path = write_snapshot(tmp_path / "p.safetensors", {"x": torch.arange(100, dtype=torch.float32)})
     tensors, _ = read_snapshot(path)

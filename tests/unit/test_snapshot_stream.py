@@ -33,6 +33,26 @@ def test_streaming_writer_surfaces_a_write_failure(tmp_path):
         raise AssertionError("a failed write must be reported")
 
 
+def test_a_failed_write_stops_the_steps_after_it(tmp_path, monkeypatch):
+    """A rank whose writer failed learns it within two steps, not at the run's end: its steps stop
+    piling up behind a writer that drops them. (By the hand-over of step 3 the writer has taken
+    step 1, which it does only after recording step 0's failure.)"""
+    def failing_write(*args, **kwargs):
+        raise snapshot.SnapshotError("cannot write: disk full")
+
+    monkeypatch.setattr(snapshot, "write_snapshot", failing_write)
+    w = StreamingSnapshotWriter(tmp_path, rank=0, metadata={})
+    w.submit(0, {"x": torch.zeros(1)})
+    refused = None
+    for step in (1, 2, 3):
+        try:
+            w.submit(step, {"x": torch.ones(1)})
+        except snapshot.SnapshotError as e:
+            refused = (step, str(e))
+            break
+    assert refused is not None and "disk full" in refused[1], "steps were handed to a writer that had failed"
+
+
 def test_streaming_writer_holds_at_most_two_steps(tmp_path, monkeypatch):
     """While step 0 is being written and step 1 waits, handing over step 2 blocks (so a rank's host
     memory holds about two steps' tensors, not the run's), and goes on once the write finishes."""
