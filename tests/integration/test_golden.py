@@ -145,6 +145,11 @@ def test_write_load_compare_pass(tmp_path):
     assert c.summary() == f"bit-identical to tiny/{PID} over 4 steps"
     with pytest.raises(GoldenExistsError):
         write(tmp_path)
+    # a record just written describes itself as its files do when loaded, from a str root too
+    rec = record()
+    again = golden.write(rec, golden.golden_dir(tmp_path / "again", rec))
+    assert golden.describe(rec) == golden.describe(golden.load(again))
+    assert [(r.scenario, r.platform_id) for r in golden.list_goldens(str(tmp_path / "again"))] == [("tiny", PID)]
 
 
 def test_first_difference_and_one_ulp_drift_at_a_stored_step(tmp_path):
@@ -286,6 +291,11 @@ def _save(path: Path, m) -> None:
     (path / "manifest.json").write_text(m if isinstance(m, str) else json.dumps(m))
 
 
+def _with_digests(m: dict, text: str) -> dict:
+    m["ranks"]["0"]["tensors"]["forward/loss"]["digests"] = text
+    return m
+
+
 @pytest.mark.parametrize("edit, error, match", [
     (lambda m: "{not json", GoldenError, "not valid JSON"),
     (lambda m: [], GoldenError, "top level"),
@@ -293,6 +303,7 @@ def _save(path: Path, m) -> None:
     (lambda m: {**m, "format_version": 3}, GoldenFormatError, "upgrade parity"),
     (lambda m: {**m, "config": {"world": 4}}, GoldenError, "'fingerprint' does not match"),
     (lambda m: {**m, "files": {}}, GoldenError, "not listed"),
+    (lambda m: _with_digests(m, "0123 zz"), GoldenError, "rank 0 'forward/loss': bad digest list"),
     (lambda m: {k: v for k, v in m.items() if k != "scenario"}, GoldenError, "'scenario' or 'config' missing"),
     (lambda m: {**m, "steps": 5}, GoldenError, "4 entries for 5 steps"),
 ])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 
 import pytest
 import torch
 
 from parity.cli import main
-from parity.harness.diff import diff_command, diff_paths
+from parity.harness.diff import diff_command, diff_dirs, diff_files, diff_paths
 from parity.harness.errors import SnapshotError, UsageError
 from parity.harness.snapshot import read_snapshot, write_snapshot
 
@@ -138,3 +139,55 @@ def test_api_raises_parity_errors(snap, tmp_path):
         diff_paths(snap, tmp_path / "missing")
     with pytest.raises(UsageError):
         diff_paths(snap, tmp_path)
+
+
+def test_tensors_on_one_side_only_are_the_only_difference(snap, tmp_path, capsys):
+    t, md = read_snapshot(snap)
+    del t["B/forward/loss"]
+    t["A/init/extra.master"] = torch.zeros(2)
+    other = tmp_path / "b.safetensors"
+    write_snapshot(other, t, md)
+    assert diff_command(str(snap), str(other)) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "B/forward/loss: only in A (torch.float32, shape (1,))" in out
+    assert "A/init/extra.master: only in B (torch.float32, shape (2,))" in out
+    assert out[-1] == "DIFFER: 5 tensors compared, 5 equal, 0 differ, 1 only in A, 1 only in B"
+
+
+def test_lines_follow_side_then_the_phases_dataflow_order(tmp_path):
+    """A's tensors before B's; within a side init, forward, ..., param_sync (not alphabetical:
+    init would come after grad_reduce, optimizer before param_sync only by luck)."""
+    names = ["B/forward/loss", "A/param_sync/w", "A/optimizer/w.master", "A/init/w.master", "A/forward/loss",
+             "A/grad_reduce/w"]
+    p = tmp_path / "s.safetensors"
+    write_snapshot(p, {n: torch.zeros(1) for n in names})
+    out = io.StringIO()
+    assert diff_files(str(p), str(p), out=out).ok  # the API takes str paths too
+    order = [line.split(":")[0] for line in out.getvalue().splitlines()]
+    assert order == ["A/init/w.master", "A/forward/loss", "A/grad_reduce/w", "A/optimizer/w.master",
+                     "A/param_sync/w", "B/forward/loss"]
+    # a golden record's tensor files name tensors without a side: the phase order still holds
+    g = tmp_path / "tensors_step_00000.safetensors"
+    write_snapshot(g, {n: torch.zeros(1) for n in ("forward/loss", "init/w.master")})
+    out = io.StringIO()
+    assert diff_files(g, g, out=out).ok
+    assert [line.split(":")[0] for line in out.getvalue().splitlines()] == ["init/w.master", "forward/loss"]
+
+
+def test_the_file_api_names_the_side_of_a_bad_path(snap, tmp_path):
+    with pytest.raises(SnapshotError, match=r"^B: .*nope.safetensors not found"):
+        diff_files(snap, tmp_path / "nope.safetensors")
+    with pytest.raises(SnapshotError, match=r"^A: .* is not a regular file"):
+        diff_files(tmp_path, snap)
+
+
+def test_a_file_only_in_b_is_a_difference(snap, tmp_path):
+    a, b = snap.parent, tmp_path / "b"
+    b.mkdir()
+    shutil.copy(snap, b / snap.name)
+    shutil.copy(snap, b / "step_00004_rank_000.safetensors")
+    out = io.StringIO()
+    res = diff_dirs(str(a), str(b), out=out)  # str paths, as the API allows
+    assert not res.ok and res.only_b == ["step_00004_rank_000.safetensors"]
+    assert "step_00004_rank_000.safetensors: file only in B" in out.getvalue().splitlines()
+    assert res.summary() == "DIFFER: 6 tensors compared, 6 equal, 0 differ, 1 only in B"
