@@ -24,7 +24,7 @@ import pytest
 
 from parity.cli import main
 from parity.harness import triage
-from parity.harness.compare import ULP_BUCKETS
+from parity.harness.compare import ULP_BUCKETS, ULP_NAN, ULP_SATURATED
 from parity.harness.errors import UsageError
 
 QKV = "layers.0.attn.qkv.weight"
@@ -85,7 +85,8 @@ def test_grad_reduce_bump_is_traced_to_the_reduction(runs, capsys):
     assert fd["n_diff"] == 1 and fd["max_ulp"] == 1
     assert fd["n_tensors"] == 2  # every rank bumped its replica of the reduced grad
     diag = triage.diagnose(df)
-    assert diag.startswith(f"first divergence at step 2 / grad_reduce / {QKV} / rank 0")
+    assert diag.startswith(f"first divergence at step 2 / grad_reduce / {QKV} / rank 0 "
+                           "(1 element, max 1 ULP, 2 tensor comparisons differ in that phase)"), diag
     assert "local grads equal, reduced grads differ: the reduction changed" in diag
     assert triage.origin(df)["phase"] == "grad_reduce"
 
@@ -95,6 +96,7 @@ def test_grad_reduce_bump_is_traced_to_the_reduction(runs, capsys):
                                                     "param_sync"]
     row = psp[(psp["step"] == 2) & (psp["phase"] == "grad_reduce")].iloc[0]
     assert row["n_tensors"] == 2 and row["n_diff"] == 2 and row["max_ulp"] == 1 and row["median_ulp"] == 1
+    assert row["median_exact"]  # every differing element's ULP distance, read from the snapshots
     assert row["n_compared"] > 2 and 0 < row["frac_diff"] < 1e-3
     assert psp[(psp["step"] == 2) & (psp["phase"] == "grad_local")].iloc[0]["n_tensors"] == 0
     # the per-step drift agrees with the run's own table, step by step
@@ -161,7 +163,9 @@ def test_against_another_run(runs, capsys):
     # every reduced grad of both ranks, as many as the clean run's harness compared in a step
     clean = json.loads((runs["clean"] / "report.json").read_text())["scenarios"][0]
     per_step = clean["compared_by_phase"]["grad_reduce"] / clean["steps"]
-    assert df.attrs["parity"]["scenarios"]["triage-w2"]["n_compared"][(2, "grad_reduce")] == per_step > 0
+    meta = df.attrs["parity"]["scenarios"]["triage-w2"]
+    assert meta["n_compared"][(2, "grad_reduce")] == per_step > 0
+    assert meta["compared_by_phase"]["grad_reduce"] == per_step * meta["steps"]
     # a run without `--snapshot all` cannot be compared step by step
     assert main(["triage", str(runs["grad"]), "--against", str(runs["clean"])]) == 2
     assert "--snapshot all" in capsys.readouterr().err
@@ -178,6 +182,7 @@ def test_against_golden(runs, tmp_path, capsys):
     df = triage.compare_golden(runs["grad"], root)
     fd = triage.first_divergence(df)
     assert (fd["step"], fd["phase"], fd["tensor"], fd["rank"], fd["reason"]) == (2, "grad_reduce", QKV, 0, "digest")
+    assert f"{QKV} / rank 0 (digest differs, 2 tensor comparisons" in triage.diagnose(df)
     assert "the reduction changed" in triage.diagnose(df)
     # The bump is on the test side only and the golden is the clean run's: the golden sees the
     # test side differ at exactly the steps where the run saw it differ from its reference. A
@@ -352,6 +357,32 @@ def test_names():
     assert triage.param_of(FP8_BYTE) == QKV
     assert triage.layer_of("layers.12.mlp.experts.3.fc1.weight") == "layers.12"
     assert triage.layer_of("embed.weight") == "embed" and triage.layer_of("loss") == "(model)"
+
+
+@pytest.mark.slow
+def test_a_truncated_table_is_recovered_from_the_snapshots(runs, tmp_path):
+    """A report keeps at most 5000 divergence rows; with every step's snapshot the rest come back,
+    and the table is then no longer flagged as partial."""
+    import shutil
+
+    run = tmp_path / "grad"
+    shutil.copytree(runs["grad"], run)
+    rep = json.loads((run / "report.json").read_text())
+    entry = rep["scenarios"][0]
+    full = len(entry["divergence_table"])
+    assert entry["n_divergences"] == full > 1
+    entry["divergence_table"] = entry["divergence_table"][:1]
+    (run / "report.json").write_text(json.dumps(rep))
+    df = triage.load_divergences(run)
+    meta = df.attrs["parity"]["scenarios"]["triage-w2"]
+    assert len(df) == full and not meta["truncated"]
+    assert f"the report's divergence table holds 1 of {full} divergences; {full} recovered from the snapshots" \
+        in meta["notes"]
+
+
+def test_ulp_distances_as_the_tables_print_them():
+    assert [triage._fmt_ulp(u) for u in (None, float("nan"), 3.0, 7, ULP_NAN, ULP_SATURATED)] == [
+        "n/a", "n/a", "3", "7", "NaN", ">=2^63"]
 
 
 def test_failed_checks_without_divergence_exit_1(tmp_path, capsys):
