@@ -380,6 +380,16 @@ def test_a_truncated_table_is_recovered_from_the_snapshots(runs, tmp_path):
         in meta["notes"]
 
 
+def test_a_median_is_exact_only_where_every_differing_elements_distance_is_kept():
+    import numpy as np
+
+    def row(n_diff):
+        return triage._row("s", 0, "forward", 0, "x", n_diff=n_diff, numel=100, ulps=np.array([1, 2, 9]))
+
+    assert [row(n)["median_exact"] for n in (3, None, 10)] == [True, True, False]  # 10: 7 distances not kept
+    assert row(3)["median_ulp"] == 2 and row(3)["max_ulp"] == 9
+
+
 def test_ulp_distances_as_the_tables_print_them():
     assert [triage._fmt_ulp(u) for u in (None, float("nan"), 3.0, 7, ULP_NAN, ULP_SATURATED)] == [
         "n/a", "n/a", "3", "7", "NaN", ">=2^63"]
