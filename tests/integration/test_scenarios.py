@@ -106,6 +106,10 @@ def test_scenario_passes(scenario):
     if hooks_gather:  # some pre-hook wait was held to the rule
         assert next(c for c in entry["checks"] if c["check"] == Check.PARAM_GATHER_PREFETCHED)["examined"] > 0
     assert (Check.REPLICAS in ran) == (scenario.world > 1)
+    # a forced param sync (each step of the force_sync pair, before a save) under overlap leaves the
+    # compact LayerWise buffers at DP > 1 empty: read after each one there, nowhere else
+    forced = gathers_overlapped and (test_side.force_sync_each_step or scenario.resume_at is not None)
+    assert (Check.GRAD_BUFFER_CLEAN in ran) == (forced and test_side.ddp.layout == "compact" and scenario.world > 1)
     assert Check.FINITE in ran  # the optimizer's state is scanned every step, so a clean pass is recorded
     masters = next(c for c in entry["checks"] if c["check"] == Check.PARAMS_HOLD_MASTERS)
     assert masters["examined"] > 0  # some rank compared some master with its param
