@@ -350,14 +350,19 @@ def summary_md(entries) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _failed(e) -> bool:
+    """A run that diverged or failed a check, or one that passed in itself but not its golden."""
+    return e["status"] == "fail" or e.get("golden") == "fail"
+
+
 def junit_xml(entries) -> str:
     suite = ET.Element("testsuite", name="parity", tests=str(len(entries)),
-                       failures=str(sum(e["status"] == "fail" for e in entries)),
+                       failures=str(sum(_failed(e) for e in entries)),
                        errors=str(sum(e["status"] == "error" for e in entries)))
     for e in entries:
         case = ET.SubElement(suite, "testcase", classname="parity", name=e["name"],
                              time=str(e.get("elapsed_s", 0)))
-        if e["status"] == "fail" or e.get("golden") == "fail":
+        if _failed(e):
             fd = e.get("first_divergence")
             ET.SubElement(case, "failure", message=json.dumps(fd) if fd else "check failed").text = \
                 "\n".join(e.get("messages", []) + [c["message"] for c in e.get("failed_checks", [])])
