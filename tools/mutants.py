@@ -192,11 +192,17 @@ def _command(target: list[str], out: str, traced: bool = False) -> list[str]:
     keeps the collectives' default timeout and skips the golden comparison."""
     if target[0] == "selftest":
         return [*target, "--out", out]
-    if target[0] == "pytest":
-        return ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *target[1:]]
     if traced:
         return ["run", *target, "--quiet", "--snapshot", "none", "--golden", "off", "--out", out]
     return ["run", *target, "--fail-fast", "--quiet", "--snapshot", "none", "--timeout", "30", "--out", out]
+
+
+def _argv(target: list[str], out: str) -> list[str]:
+    """The interpreter's arguments of one judging run: the named tests (``pytest`` and its test
+    ids), stopping at the first failure, or ``python -m parity`` with :func:`_command`'s arguments."""
+    if target[0] == "pytest":
+        return ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *target[1:]]
+    return ["-m", "parity", *_command(target, out)]
 
 
 def reached_lines(tree: Path, files: list[str], target: list[str], timeout: float) -> set[tuple[str, int]]:
@@ -237,8 +243,7 @@ def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> 
     env = {**os.environ, "PYTHONPATH": str(tree), "PARITY_GOLDENS": str(HERE / "goldens")}
     t0 = time.perf_counter()
     try:
-        command = _command(target, out)
-        p = subprocess.run([sys.executable, *(command if command[0] == "-m" else ["-m", "parity", *command])],
+        p = subprocess.run([sys.executable, *_argv(target, out)],
                            cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         rc, text = p.returncode, (p.stdout + p.stderr).strip()
         outcome = "survived" if rc == 0 else "killed"
@@ -334,11 +339,17 @@ def main(argv=None) -> int:
     unreached = [r for r in ran if r[1] == "unreached"]
     survivors = [r for r in ran if r[1] == "survived"]
     reachable = len(ran) - len(unreached)
-    print(f"\nkilled {killed} of {len(ran)} mutants; of the {reachable} on lines the set runs, "
-          f"{killed} ({100.0 * killed / max(1, reachable):.0f}%). Survivors on lines the set runs "
-          "(an equivalent edit, or a blind spot):")
+    if reached is None:  # no reachability: every mutant counts as judged
+        print(f"\nkilled {killed} of {len(ran)} mutants ({100.0 * killed / max(1, len(ran)):.0f}%; {what} "
+              "reads no line coverage). Survivors (an equivalent edit, or a blind spot):")
+    else:
+        print(f"\nkilled {killed} of {len(ran)} mutants; of the {reachable} on lines the set runs, "
+              f"{killed} ({100.0 * killed / max(1, reachable):.0f}%). Survivors on lines the set runs "
+              "(an equivalent edit, or a blind spot):")
     for m, *_ in survivors:
         print(f"  {m.label()}")
+    if reached is None:
+        return 0
     print(f"on lines the set never runs: {len(unreached)}")
     for m, *_ in unreached:
         print(f"  {m.label()}")

@@ -61,8 +61,9 @@ def test_the_judging_run_is_a_scenario_run_the_selftest_or_named_tests():
         "run", "--set", "quick", "--quiet", "--snapshot", "none", "--golden", "off", "--out", "o"]
     assert mutants._command(["selftest"], "o") == ["selftest", "--out", "o"]
     assert mutants._command(["selftest", "stale-scale-inv"], "o") == ["selftest", "stale-scale-inv", "--out", "o"]
-    assert mutants._command(["pytest", "tests/unit/test_compare.py"], "o") == [
+    assert mutants._argv(["pytest", "tests/unit/test_compare.py"], "o") == [
         "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/unit/test_compare.py"]
+    assert mutants._argv(["selftest"], "o") == ["-m", "parity", "selftest", "--out", "o"]
 
 
 def test_the_stacks_and_the_harness_checks_mutants_parse():

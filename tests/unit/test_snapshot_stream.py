@@ -34,9 +34,9 @@ def test_streaming_writer_surfaces_a_write_failure(tmp_path):
 
 
 def test_a_failed_write_stops_the_steps_after_it(tmp_path, monkeypatch):
-    """A rank whose writer failed learns it within two steps, not at the run's end: its steps stop
-    piling up behind a writer that drops them. (By the hand-over of step 3 the writer has taken
-    step 1, which it does only after recording step 0's failure.)"""
+    """A rank whose writer failed learns it at one of the next three hand-overs, not at the run's
+    end: its steps stop piling up behind a writer that drops them. (By the hand-over of step 3 the
+    writer has taken step 1, which it does only after recording step 0's failure.)"""
     def failing_write(*args, **kwargs):
         raise snapshot.SnapshotError("cannot write: disk full")
 
