@@ -36,6 +36,9 @@ records' files (``tests/integration/test_golden.py``), which the selftest never 
     python tools/mutants.py --selftest [FAULT...] [--sample 20] [--files F...]
     python tools/mutants.py --pytest TEST... --files F... [--sample 20]
     python tools/mutants.py --list            # the mutants, without running them
+
+``--jobs N`` judges N mutants at a time, each in its own copy of the tree (for a host with cores
+to spare: a judge's own parallelism, such as ``PYTEST_ADDOPTS="-n 8"``, multiplies with it).
 """
 
 from __future__ import annotations
@@ -48,9 +51,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Queue
 
 HERE = Path(__file__).resolve().parents[1]
 DEFAULT_FILES = [
@@ -257,6 +263,18 @@ def run_one(tree: Path, m: Mutant | None, target: list[str], timeout: float) -> 
     return outcome, rc, time.perf_counter() - t0, last
 
 
+def _copy_tree(with_tests: bool) -> Path:
+    """A copy of the sources a judging run reads, in a fresh temporary folder: ``parity/`` and
+    ``scenarios/``, and for a pytest judge ``tests/``, ``goldens/`` and pytest's configuration
+    (the tests read the goldens from the tree they run in: they unset $PARITY_GOLDENS)."""
+    tree = Path(tempfile.mkdtemp(prefix="mutants-tree-"))
+    for d in ("parity", "scenarios", *(("tests", "goldens") if with_tests else ())):
+        shutil.copytree(HERE / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
+    if with_tests:
+        shutil.copy(HERE / "pyproject.toml", tree)  # pytest's markers and options
+    return tree
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -273,6 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="+", default=(), metavar="FILE:LINE", help="run only the mutants at these lines")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a mutant's run may take")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants judged at once, each in its own tree")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     a = ap.parse_args(argv)
     if a.files is None and a.pytest is not None:
@@ -307,13 +326,12 @@ def main(argv=None) -> int:
             print(m.label())
         print(f"{len(chosen)} of {len(every)} mutants")
         return 0
-    tree = Path(tempfile.mkdtemp(prefix="mutants-tree-"))
+    if a.jobs < 1:
+        print("mutants: --jobs needs at least 1", file=sys.stderr)
+        return 2
+    trees = [_copy_tree(a.pytest is not None) for _ in range(a.jobs)]
     try:
-        # the tests read the goldens from the tree they run in (they unset $PARITY_GOLDENS)
-        for d in ("parity", "scenarios", *(("tests", "goldens") if a.pytest is not None else ())):
-            shutil.copytree(HERE / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
-        if a.pytest is not None:
-            shutil.copy(HERE / "pyproject.toml", tree)  # pytest's markers and options
+        tree = trees[0]
         # the copy unmutated first: a mutant counts as killed only where the set passes without it
         outcome, rc, secs, last = run_one(tree, None, target, a.timeout)
         print(f"unmutated: {'passes' if outcome == 'survived' else 'FAILS'} (rc={rc}, {secs:.1f} s)", flush=True)
@@ -324,16 +342,30 @@ def main(argv=None) -> int:
         if target[0] not in ("selftest", "pytest"):
             reached = reached_lines(tree, sorted({m.file for m in chosen}), target, a.timeout)
             print(f"{what} runs {len(reached)} lines of the mutated files", flush=True)
-        rows = []
         print(f"{len(chosen)} of {len(every)} mutants of {len(a.files)} files, each on {what}", flush=True)
-        for i, m in enumerate(chosen, 1):
-            outcome, rc, secs, last = run_one(tree, m, target, a.timeout)
+        free: Queue = Queue()
+        for t in trees:
+            free.put(t)
+        done, lock = [], threading.Lock()
+
+        def judge(m: Mutant):
+            t = free.get()
+            try:
+                outcome, rc, secs, last = run_one(t, m, target, a.timeout)
+            finally:
+                free.put(t)
             if outcome == "survived" and reached is not None and (m.file, m.line) not in reached:
                 outcome = "unreached"  # the set never runs the edited line: it cannot see the edit
-            rows.append((m, outcome, rc, secs, last))
-            print(f"[{i}/{len(chosen)}] {outcome:8s} rc={rc} {secs:5.1f} s  {m.label()}", flush=True)
+            with lock:
+                done.append(m)
+                print(f"[{len(done)}/{len(chosen)}] {outcome:8s} rc={rc} {secs:5.1f} s  {m.label()}", flush=True)
+            return m, outcome, rc, secs, last
+
+        with ThreadPoolExecutor(a.jobs) as pool:
+            rows = list(pool.map(judge, chosen))
     finally:
-        shutil.rmtree(tree, ignore_errors=True)
+        for t in trees:
+            shutil.rmtree(t, ignore_errors=True)
     ran = [r for r in rows if r[1] != "invalid"]
     killed = sum(r[1] == "killed" for r in ran)
     unreached = [r for r in ran if r[1] == "unreached"]

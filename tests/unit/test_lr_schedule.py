@@ -21,6 +21,14 @@ def test_warmup_is_linear_from_zero_and_reaches_the_peak():
     assert lrs[4] == 1e-3
 
 
+def test_the_warmups_last_step_is_a_warmup_step():
+    """Step ``warmup_steps`` still takes the warmup's formula, as upstream's (``<=``): lr * 3 / 3
+    is not 0.1 in floats, so the peak it reaches differs in the last bit from the decay branch's."""
+    for style, kw in (("constant", {}), ("cosine", dict(decay_steps=9))):
+        at_peak = lr_at(3, lr=0.1, warmup_steps=3, decay_style=style, **kw)
+        assert at_peak == 0.1 * 3.0 / 3.0 != 0.1, style
+
+
 def test_cosine_decays_monotonically_to_lr_min_and_stays_there():
     kw = dict(lr=1e-3, lr_min=1e-4, warmup_steps=2, decay_steps=12, decay_style="cosine")
     lrs = [lr_at(k, **kw) for k in range(2, 16)]

@@ -75,3 +75,8 @@ def test_the_stacks_and_the_harness_checks_mutants_parse():
         assert found, f
         for m in found[::8]:
             ast.parse(mutants.apply(src, m))
+
+
+def test_jobs_below_one_are_refused(capsys):
+    assert mutants.main(["--jobs", "0", "--files", "parity/optim/schedule.py"]) == 2
+    assert "--jobs needs at least 1" in capsys.readouterr().err
