@@ -66,6 +66,7 @@ __all__ = [
     "CaptureDiff",
     "compare_tensors",
     "compare_captures",
+    "fmt_ulp",
     "ulp_distance",
     "bit_view",
     "is_ulp_dtype",
@@ -268,7 +269,9 @@ def _fmt_pct(fraction: float) -> str:
     return f"{pct:.2g}%"
 
 
-def _fmt_ulp(u: int) -> str:
+def fmt_ulp(u: int) -> str:
+    """A max-ULP distance for people: a NaN difference (no distance) reads "NaN", a saturated
+    float64 distance ">=2^63"."""
     if u == ULP_NAN:
         return "NaN"
     if u == ULP_SATURATED:
@@ -333,7 +336,7 @@ class TensorDiff:
             f"{self.path}: {self.n_diff} of {self.numel} elements differ ({_fmt_pct(self.fraction or 0.0)})"
         ]
         if self.max_ulp is not None:
-            parts.append("max ULP NaN" if self.max_ulp == ULP_NAN else f"max {_fmt_ulp(self.max_ulp)} ULP")
+            parts.append("max ULP NaN" if self.max_ulp == ULP_NAN else f"max {fmt_ulp(self.max_ulp)} ULP")
         if self.ulp_hist is not None:
             inner = ", ".join(f"{k}: {v}" for k, v in self.ulp_hist.items() if v)
             parts.append(f"hist {{{inner}}}")

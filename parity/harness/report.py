@@ -143,6 +143,8 @@ def fmt_divergence(fd: dict) -> str:
     """How a first divergence differs: "max 1 ULP, 1 element differs" (raw FP8 bytes and integer
     tensors have no ULP distance: only the count; a tensor that only one run holds, or runs compared
     by digest, have neither: the divergence's reason)."""
+    from parity.harness.compare import fmt_ulp
+
     if fd["n_diff"] is None:
         return fd.get("reason", "differs")
     n = "1 element differs" if fd["n_diff"] == 1 else f"{fd['n_diff']} elements differ"
@@ -156,17 +158,6 @@ def _fmt_nonfinite(counts: dict) -> str:
     parts = [f"{word} {counts.get(key + '_b', 0)} under test / {counts.get(key + '_a', 0)} reference"
              for key, word in (("nan", "NaN"), ("inf", "Inf")) if counts.get(key + "_a") or counts.get(key + "_b")]
     return "; " + ", ".join(parts) if parts else ""
-
-
-def fmt_ulp(v) -> str:
-    """A max-ULP value for people: a NaN difference (no distance) reads "NaN"."""
-    from parity.harness.compare import ULP_NAN, ULP_SATURATED
-
-    if v == ULP_NAN:
-        return "NaN"
-    if v == ULP_SATURATED:
-        return ">2^63"
-    return str(v)
 
 
 def _float32_bits(bits) -> float | None:
@@ -299,7 +290,7 @@ def snapshot_index(out_dir: str, entries: list[dict]) -> dict:
 def overall_status(entries) -> str:
     if any(e["status"] == "error" for e in entries):
         return "error"
-    if any(e["status"] == "fail" or e.get("golden") == "fail" for e in entries):
+    if any(_failed(e) for e in entries):
         return "fail"
     return "pass"
 

@@ -54,10 +54,9 @@ import torch
 
 from parity.harness.compare import (
     ULP_BUCKETS,
-    ULP_NAN,
-    ULP_SATURATED,
     bit_view,
     compare_tensors,
+    fmt_ulp,
     is_ulp_dtype,
     ulp_distance,
 )
@@ -916,12 +915,7 @@ def origin(df: pd.DataFrame) -> dict[str, Any] | None:
 def _fmt_ulp(u: Any) -> str:
     if u is None or u is pd.NA or (isinstance(u, float) and math.isnan(u)):
         return "n/a"
-    u = int(u)
-    if u == ULP_NAN:
-        return "NaN"
-    if u == ULP_SATURATED:
-        return ">=2^63"
-    return str(u)
+    return fmt_ulp(int(u))
 
 
 def _why(phase: str, step: int, rows: pd.DataFrame, smeta: Mapping[str, Any], mode: str) -> str:

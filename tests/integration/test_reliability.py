@@ -551,8 +551,7 @@ def test_nan_in_training_is_reported(tmp_path, tiny):
 def test_nan_payload_difference_is_a_bit_difference():
     import torch
 
-    from parity.harness.compare import ULP_NAN, compare_tensors
-    from parity.harness.report import fmt_ulp
+    from parity.harness.compare import ULP_NAN, compare_tensors, fmt_ulp
 
     a = torch.tensor([0x7FC00000, 0x3F800000], dtype=torch.int32).view(torch.float32)
     b = torch.tensor([0x7FC00001, 0x3F800000], dtype=torch.int32).view(torch.float32)
@@ -567,7 +566,7 @@ def test_nan_payload_difference_is_a_bit_difference():
 
 
 def test_a_divergence_without_element_counts_reads_its_reason():
-    from parity.harness.compare import ULP_NAN
+    from parity.harness.compare import ULP_NAN, ULP_SATURATED
     from parity.harness.report import fmt_divergence
 
     assert fmt_divergence({"n_diff": None, "reason": "only in the saved checkpoint"}) == "only in the saved checkpoint"
@@ -576,6 +575,8 @@ def test_a_divergence_without_element_counts_reads_its_reason():
     # a NaN only one side holds: the line says which side
     assert (fmt_divergence({"n_diff": 4, "max_ulp": ULP_NAN, "nonfinite": {"nan_a": 4}})
             == "max NaN ULP, 4 elements differ; NaN 0 under test / 4 reference")
+    # a float64 distance past int64 reads as the comparison's message and triage's tables read it
+    assert fmt_divergence({"n_diff": 2, "max_ulp": ULP_SATURATED}) == "max >=2^63 ULP, 2 elements differ"
 
 
 def test_nonfinite_events_from_rank_results():
