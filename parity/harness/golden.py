@@ -62,6 +62,8 @@ APPROX_LOSS_RTOL = 0.05
 """Approximate tier: the largest relative loss difference from another platform's golden."""
 _EXCLUDED = ("name", "steps", "golden_tensor_steps")  # not part of a golden's identity
 _PHASE_IDX = {p: i for i, p in enumerate(STEP_PHASES)}
+_LOSS_RE = re.compile(r"^0x[0-9a-f]{8}$")
+"""A loss entry of a rank record: its float32 bits as :func:`loss_hex` writes them ("-": no loss)."""
 _DIGESTS_RE = re.compile(rf"^(?:[0-9a-f]{{{DIGEST_HEX}}}|-)(?: (?:[0-9a-f]{{{DIGEST_HEX}}}|-))*$")
 
 
@@ -284,6 +286,8 @@ def _parse(path: Path, m: Any) -> Record:
             digests[k] = split(e.get("digests"), f"rank {r} {k!r}")
         loss = [None if x == "-" else x for x in rr.get("loss", "").split(" ")] if rr.get("loss") else []
         need(len(loss) == steps, f"rank {r}: 'loss' has {len(loss)} entries for {steps} steps")
+        need(all(x is None or _LOSS_RE.match(x) for x in loss),
+             f"rank {r}: a 'loss' entry is not float32 bits ('0x' and 8 hex digits) or '-'")
         ranks[int(r)] = RankRecord(keys, digests, loss)
     return Record(m["scenario"], m["config"], dict(m["platform"]), steps, ranks, sorted(m["tensor_steps"]),
                   dict(m.get("info") or {}), path, dict(files))

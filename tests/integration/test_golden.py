@@ -296,6 +296,12 @@ def _with_digests(m: dict, text: str) -> dict:
     return m
 
 
+def _with_loss(m: dict, step: int, text: str) -> dict:
+    loss = m["ranks"]["0"]["loss"].split(" ")
+    m["ranks"]["0"]["loss"] = " ".join(loss[:step] + [text] + loss[step + 1:])
+    return m
+
+
 @pytest.mark.parametrize("edit, error, match", [
     (lambda m: "{not json", GoldenError, "not valid JSON"),
     (lambda m: [], GoldenError, "top level"),
@@ -306,6 +312,8 @@ def _with_digests(m: dict, text: str) -> dict:
     (lambda m: _with_digests(m, "0123 zz"), GoldenError, "rank 0 'forward/loss': bad digest list"),
     (lambda m: {k: v for k, v in m.items() if k != "scenario"}, GoldenError, "'scenario' or 'config' missing"),
     (lambda m: {**m, "steps": 5}, GoldenError, "4 entries for 5 steps"),
+    (lambda m: _with_loss(m, 2, "1.25"), GoldenError, "rank 0: a 'loss' entry is not float32 bits"),
+    (lambda m: _with_loss(m, 0, "0x3f80000"), GoldenError, "rank 0: a 'loss' entry is not float32 bits"),
 ])
 def test_malformed_manifest_is_a_clean_error(tmp_path, edit, error, match):
     path = write(tmp_path)
