@@ -164,11 +164,23 @@ def test_first_difference_and_one_ulp_drift_at_a_stored_step(tmp_path):
     assert "first difference at step 3 / optimizer / w.master / rank 0 (digest, 1 of 8 elements, max 1 ULP)" \
         in c.summary()
     assert any("step 3 optimizer/w.master: 1 of 8 elements, max 1 ULP, hist 0: 7, 1: 1" in m for m in c.messages())
+    per_phase = [m.split() for m in c.messages() if m.startswith("  step ") and "tensors differ" in m]
+    assert len(per_phase) == 10  # each stored step's five phases, each compared
+    assert ["step", "3", "optimizer", "1", "of", "2", "tensors", "differ,", "max", "1", "ULP"] in per_phase
     # at a step without stored tensors only the digest names it; the earliest step wins
     c = golden.compare(g, record(edit=lambda st, r, ph, t: (bump_master(st, r, ph, t, at=(2, 1)),
                                                             bump_master(st, r, ph, t, at=(3, 0)))))
     assert c.first().where() == "step 2 / optimizer / w.master / rank 1" and c.first_drift() is None
     assert [(x.step, x.rank) for x in c.differences] == [(2, 1), (3, 0)]
+    # within a step the earliest phase wins over the lowest rank: rank 1's forward comes before
+    # rank 0's optimizer, though the records are walked rank by rank
+
+    def two(step, rank, phase, t):
+        bump_master(step, rank, phase, t, at=(2, 0))
+        if (step, rank, phase) == (2, 1, "forward"):
+            t["output"].view(torch.int16)[0, 0] += 1
+    c = golden.compare(g, record(edit=two))
+    assert [(x.step, x.phase, x.rank) for x in c.differences] == [(2, "forward", 1), (2, "optimizer", 0)]
 
 
 def test_structural_differences_and_loss(tmp_path):
@@ -298,7 +310,7 @@ def _with_digests(m: dict, text: str) -> dict:
 
 def _with_loss(m: dict, step: int, text: str) -> dict:
     loss = m["ranks"]["0"]["loss"].split(" ")
-    m["ranks"]["0"]["loss"] = " ".join(loss[:step] + [text] + loss[step + 1:])
+    m["ranks"]["0"]["loss"] = " ".join(loss[:step] + ([text] if text else []) + loss[step + 1:])
     return m
 
 
@@ -312,6 +324,7 @@ def _with_loss(m: dict, step: int, text: str) -> dict:
     (lambda m: _with_digests(m, "0123 zz"), GoldenError, "rank 0 'forward/loss': bad digest list"),
     (lambda m: {k: v for k, v in m.items() if k != "scenario"}, GoldenError, "'scenario' or 'config' missing"),
     (lambda m: {**m, "steps": 5}, GoldenError, "4 entries for 5 steps"),
+    (lambda m: _with_loss(m, 3, None), GoldenError, "rank 0: 'loss' has 3 entries for 4 steps"),
     (lambda m: _with_loss(m, 2, "1.25"), GoldenError, "rank 0: a 'loss' entry is not float32 bits"),
     (lambda m: _with_loss(m, 0, "0x3f80000"), GoldenError, "rank 0: a 'loss' entry is not float32 bits"),
 ])
