@@ -21,6 +21,7 @@ from pathlib import Path
 import cli_fork
 import pandas as pd
 import pytest
+import torch
 
 from parity.cli import main
 from parity.harness import triage
@@ -352,6 +353,75 @@ def test_a_scenarios_section_shows_its_own_breakdowns(tmp_path):
         assert "### Per layer" in section and section in md, name
 
 
+def test_the_drift_section_of_the_markdown(tmp_path):
+    """The drift over the steps that follow the first divergence, in words, as a table with each
+    step's growth over the step before, and with typed columns (the construction-time check,
+    step -1, is not a training step: the words count from step 0)."""
+    rows = [(-1, "init", 0, QKV + ".master", 2, 100, 1),
+            (0, "forward", 0, "loss", 1, 1, 1), (0, "optimizer", 0, QKV + ".master", 3, 100, 2),
+            (1, "forward", 0, "loss", 1, 1, 3), (1, "optimizer", 0, QKV + ".master", 9, 100, 4),
+            (1, "optimizer", 1, QKV + ".master", 9, 100, 4), (1, "param_sync", 0, "head.weight", 1, 50, 1),
+            (2, "forward", 1, "loss", 1, 1, 40)]
+    df = triage.load_divergences(_write_run(tmp_path / "r", rows, steps=3))
+    dr = triage.drift(df)
+    assert list(dr["step"]) == [-1, 0, 1, 2] and list(dr["n_tensors"]) == [1, 2, 4, 1]
+    assert [None if g != g else g for g in dr["growth"]] == [None, 2.0, 2.0, 0.25]
+    assert str(dr["max_ulp"].dtype) == "Int64" and str(dr["n_tensors"].dtype) == "int64"
+    (line,) = triage.drift_summary(df)
+    assert line.endswith("(differing tensor comparisons per step: step 0: 2, step 1: 4, step 2: 1)"), line
+    md = triage.render_markdown(df)
+    section = md.split("### Drift per step\n\n")[1].split("### Per step and phase")[0]
+    assert section.startswith("- drift persists without growing: 2 at step 0, 1 at step 2 ")
+    table = [[c.strip() for c in r.strip("|").split("|")] for r in section.splitlines() if r.startswith("| ")]
+    assert table[0][:8] == ["step", "n_tensors", "n_names", "n_diff", "frac_diff", "max_ulp", "median_ulp", "growth"]
+    cells = {r[0]: r for r in table[1:]}
+    assert cells["-1"][7] == "-" and cells["0"][7] == "x2" and cells["2"][7] == "x0.25"
+    assert cells["1"][5] == "4" and cells["1"][6] != "-"  # max and median ULP printed
+
+
+def test_a_tensor_only_one_run_holds_is_a_row_of_its_own(tmp_path):
+    """Against another run: a tensor one run's snapshot holds and the other's does not is a row
+    (``missing``: only in the reference; ``extra``: only in the run), not skipped."""
+    from parity.harness.snapshot import snapshot_filename, write_snapshot
+
+    runs = {}
+    for name, keys in (("run", ("forward/loss", "optimizer/w.master", "optimizer/extra.master")),
+                       ("ref", ("forward/loss", "optimizer/w.master", "optimizer/gone.master"))):
+        d = _write_run(tmp_path / name, [], steps=1)
+        rep = json.loads((d / "report.json").read_text())
+        rep["argv"] = ["parity", "run", "--snapshot", "all"]
+        (d / "report.json").write_text(json.dumps(rep))
+        write_snapshot(d / "snapshots" / "s" / snapshot_filename(0, 0),
+                       {f"A/{k}": torch.ones(4) for k in keys} | {f"B/{k}": torch.ones(4) for k in keys})
+        runs[name] = d
+    df = triage.compare_runs(runs["run"], runs["ref"])
+    assert sorted(zip(df["tensor"], df["reason"])) == [("extra.master", "extra"), ("gone.master", "missing")]
+    assert df.attrs["parity"]["scenarios"]["s"]["n_compared"] == {(0, "forward"): 1, (0, "optimizer"): 3}
+
+
+def test_a_snapshot_that_does_not_hold_what_the_run_compared_is_named(tmp_path):
+    """The report says 5 elements differ by up to 3 ULP; the snapshot's two sides differ in 2
+    elements by 1: the snapshot was taken after the tensor changed. The report's numbers stand,
+    and the notes say which tensor's snapshot is stale. A tensor whose snapshot agrees gets the
+    exact distances."""
+    from parity.harness.snapshot import snapshot_filename, write_snapshot
+
+    d = _write_run(tmp_path / "r", [(0, "optimizer", 0, "w.master", 5, 8, 3),
+                                    (0, "optimizer", 0, "v.master", 2, 8, 1)], steps=1)
+    a = torch.arange(1, 9, dtype=torch.float32)
+    b = a.clone()
+    b.view(torch.int32)[:2] += 1  # 2 elements, 1 ULP: for w, not what the run compared
+    write_snapshot(d / "snapshots" / "s" / snapshot_filename(0, 0),
+                   {"A/optimizer/w.master": a, "B/optimizer/w.master": b,
+                    "A/optimizer/v.master": a, "B/optimizer/v.master": b})
+    df = triage.load_divergences(d).set_index("tensor")
+    assert (df.loc["w.master", "n_diff"], df.loc["w.master", "max_ulp"], df.loc["w.master", "source"]) == (5, 3, "report")
+    assert df.loc["v.master", "source"] == "report+snapshot" and df.loc["v.master", "median_exact"]
+    (note,) = [n for n in df.attrs["parity"]["scenarios"]["s"]["notes"] if "do not match" in n]
+    assert note.startswith("1 snapshot tensor(s) do not match what the run compared") and \
+        "first: step 0/optimizer/w.master/rank 0" in note
+
+
 def test_names():
     assert triage.param_of("layers.0.attn_norm.weight[0:128].exp_avg_sq") == "layers.0.attn_norm.weight"
     assert triage.param_of(FP8_BYTE) == QKV
@@ -388,6 +458,9 @@ def test_a_median_is_exact_only_where_every_differing_elements_distance_is_kept(
 
     assert [row(n)["median_exact"] for n in (3, None, 10)] == [True, True, False]  # 10: 7 distances not kept
     assert row(3)["median_ulp"] == 2 and row(3)["max_ulp"] == 9
+    # the kept distances are a prefix when the run found more: its own max stands, not theirs
+    truncated = triage._row("s", 0, "forward", 0, "x", n_diff=10, numel=100, max_ulp=50, ulps=np.array([1, 2, 9]))
+    assert truncated["max_ulp"] == 50
 
 
 def test_ulp_distances_as_the_tables_print_them():
