@@ -433,25 +433,26 @@ class StreamingSnapshotWriter:
         return list(self.written)
 
     def _drain(self) -> None:
-        import time
-
         while True:
             item = self._queue.get()
             if item is None:
                 return
             if self._error is not None:
                 continue  # keep draining so submit() never blocks forever after a failure
-            step, tensors = item
-            path = self.directory / snapshot_filename(step, self.rank)
-            t0 = time.perf_counter()
             try:
-                write_snapshot(path, tensors, {**self.metadata, "step": str(step), "rank": str(self.rank)})
-            except BaseException as e:  # re-raised on the rank's main thread
+                self._write(*item)
+            except BaseException as e:  # any failure, not only the file's: re-raised on the rank's main thread
                 self._error = e
-                continue
-            self.write_seconds += time.perf_counter() - t0
-            self.bytes_written += path.stat().st_size
-            self.written.append(str(path))
+
+    def _write(self, step: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        import time
+
+        path = self.directory / snapshot_filename(step, self.rank)
+        t0 = time.perf_counter()
+        write_snapshot(path, tensors, {**self.metadata, "step": str(step), "rank": str(self.rank)})
+        self.write_seconds += time.perf_counter() - t0
+        self.bytes_written += path.stat().st_size
+        self.written.append(str(path))
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

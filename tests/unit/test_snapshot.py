@@ -72,6 +72,9 @@ def test_round_trip_is_bit_exact(tmp_path):
         assert tensors[k].is_contiguous()
         assert compare_tensors(v, tensors[k], k).equal, k  # bits, incl. -0 and NaN payload
     assert read_snapshot_metadata(path) == md
+    assert path.stat().st_mode & 0o777 == 0o644  # shared results: readable by all, as a plain write makes them
+    again = write_snapshot(str(tmp_path / "s" / snapshot_filename(2, 0)), cap)  # a str path as well as a Path
+    assert again == tmp_path / "s" / snapshot_filename(2, 0) and set(read_snapshot(again)[0]) == set(cap)
 
 
 def test_float8_is_stored_as_its_own_dtype_and_raw_bytes_stay_uint8(tmp_path):

@@ -1,4 +1,5 @@
 import threading
+from pathlib import Path
 
 import torch
 
@@ -51,6 +52,35 @@ def test_a_failed_write_stops_the_steps_after_it(tmp_path, monkeypatch):
             refused = (step, str(e))
             break
     assert refused is not None and "disk full" in refused[1], "steps were handed to a writer that had failed"
+
+
+def test_a_failure_after_the_write_reaches_the_rank_not_a_hang(tmp_path, monkeypatch):
+    """A writer that fails anywhere in its work, not only in the file write (here the written
+    file's size, gone by then), reports it to the rank: a writer thread that died would leave the
+    rank blocked on its next hand-over, forever."""
+    real_write = snapshot.write_snapshot
+
+    def write_then_lose(path, *args, **kwargs):
+        real_write(path, *args, **kwargs)
+        Path(path).unlink()  # e.g. a cleanup that raced the run
+
+    monkeypatch.setattr(snapshot, "write_snapshot", write_then_lose)
+    w = StreamingSnapshotWriter(tmp_path, rank=0, metadata={})
+    outcome = []
+
+    def rank():
+        try:
+            for step in range(4):
+                w.submit(step, {"x": torch.zeros(1)})
+            w.close()
+        except FileNotFoundError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=rank, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the rank hangs on a writer thread that died"
+    assert outcome and "step_00000_rank_000" in str(outcome[0])
 
 
 def test_streaming_writer_holds_at_most_two_steps(tmp_path, monkeypatch):
