@@ -326,6 +326,43 @@ def test_scaled_mm_vs_model(ka, kb, out_dtype, mnk, pow2):
     assert torch.all((y.double() - e.double()).abs() <= bound)
 
 
+def _hopper_blockwise_scaled_mm() -> bool:
+    """sm90 and a torch with the blockwise scaling types: read here, not from the code under test."""
+    st = getattr(torch.nn.functional, "ScalingType", None)
+    return (torch.cuda.get_device_capability()[0] == 9 and hasattr(torch.nn.functional, "scaled_mm")
+            and hasattr(st, "BlockWise1x128") and hasattr(st, "BlockWise128x128"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_scaled_mm_takes_what_hopper_runs_and_refuses_the_rest():
+    """scaled_mm_supported is checked, not tried, and the comparison above skips where it says
+    no: so it is tested on its own. On Hopper the three blockwise pairs at 16-aligned shapes are
+    taken; 128x128 by 128x128, E5M2, unaligned rows and CPU operands are refused. A 128x128
+    operand whose scale grid is not padded to 4 column tiles gives the same product."""
+    if not _hopper_blockwise_scaled_mm():
+        pytest.skip("the blockwise scaled_mm path is Hopper's, with torch's blockwise scaling types")
+    torch.manual_seed(3)
+    x = torch.randn(256, 384, device="cuda").to(BF16)
+    op = {blk: quantize(x, "blockwise", block=blk).gemm_operand("rowwise") for blk in ("1x128", "128x128")}
+    for ka, kb in (("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128")):
+        assert scaled_mm_supported(op[ka], op[kb]), (ka, kb)
+    assert not scaled_mm_supported(op["128x128"], op["128x128"])
+    e5 = quantize(x, "blockwise", block="1x128", fp8_dtype="e5m2").gemm_operand("rowwise")
+    assert not scaled_mm_supported(e5, op["1x128"]) and not scaled_mm_supported(op["1x128"], e5)
+    odd = quantize(x[:200], "blockwise", block="1x128").gemm_operand("rowwise")  # 200 rows: not 16-aligned
+    assert not scaled_mm_supported(odd, op["1x128"]) and not scaled_mm_supported(op["1x128"], odd)
+    a = op["1x128"]
+    on_cpu = Operand(data=a.data.cpu(), fp8_dtype=a.fp8_dtype, scale_inv=a.scale_inv.cpu(), block_len=128)
+    assert not scaled_mm_supported(on_cpu, op["1x128"]) and not scaled_mm_supported(op["1x128"], on_cpu)
+    w = op["128x128"]
+    assert w.tile_2d.shape[1] == 4  # 3 column tiles, padded to 4
+    narrow = Operand(data=w.data, fp8_dtype=w.fp8_dtype, scale_inv=w.scale_inv, block_len=128,
+                     tile_2d=w.tile_2d[:, :3].contiguous())
+    y = fp8_gemm(a, w, out_dtype=F32, backend="scaled_mm")
+    assert torch.equal(bits(y), bits(fp8_gemm(a, narrow, out_dtype=F32, backend="scaled_mm")))
+
+
 def test_fp32_shortcut_of_the_fma_equals_the_float64_fma():
     """Where t*s is an fp32 value, ``_fma32`` adds in fp32 instead of going through float64; it
     must give the bits of the float64 fma on every edge: signed zeros (an exactly zero product plus

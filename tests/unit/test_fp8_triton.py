@@ -10,6 +10,7 @@ The GPU tests need CUDA and triton (``-m gpu``); they are skipped otherwise.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import subprocess
@@ -264,6 +265,22 @@ def test_dispatch_and_requantize(recipe, block, monkeypatch):
     for part in PARTS:
         assert torch.equal(_bits(getattr(ref, part)), _bits(getattr(got, part))), part
         assert torch.equal(_bits(getattr(ref_rq, part)), _bits(getattr(got_rq, part))), part
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+                    reason="needs CUDA and an importable triton")
+def test_triton_is_the_default_where_it_imports(monkeypatch):
+    """Where CUDA and triton are both present, quantize() runs the Triton kernels unless told not
+    to. Not gated on triton_available(), as the other tests here are: a wrong "unavailable" would
+    skip them all and the torch path would run everywhere unnoticed."""
+    monkeypatch.setattr(qmod, "USE_TRITON", True)  # the default (PARITY_TRITON_QUANTIZE unset)
+    assert tq.triton_unavailable_reason() is None
+    calls = []
+    real = tq.triton_parts
+    monkeypatch.setattr(tq, "triton_parts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    quantize(rand(128, 256, torch.bfloat16, 1.0), "blockwise", block="1x128")
+    assert calls, "the torch path ran on CUDA where triton imports"
 
 
 @pytest.mark.parametrize("value,expected", [(None, True), ("0", False)])
