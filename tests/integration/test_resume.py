@@ -11,7 +11,7 @@ import torch
 
 from parity import cli
 from parity.harness.faults import Injection
-from parity.harness.resume import compare_digests
+from parity.harness.resume import RESHARD_NOTE, _verdict, compare_digests
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import make_scenario
 from parity.harness.selftest import scenario as quick_scenario
@@ -149,6 +149,16 @@ def test_corrupt_checkpoint_in_a_real_process_prints_no_traceback(single_rank, s
     assert r.stderr.strip().splitlines()[-1].startswith("parity: checkpoint") and "corrupt" in r.stderr
 
 
+def test_a_comparison_across_launches_that_compared_nothing_fails():
+    """The verdict of a resume's comparison is a check of its own: comparing nothing (no state
+    in common, an empty checkpoint) fails it, one compared tensor passes it."""
+    s = make_scenario({"name": "r", "world": 1, "steps": 3, "resume_at": 1})
+    (empty,) = _verdict(s, [], 0, "resume")["checks"]
+    assert (empty["check"], empty["ok"], empty["step"]) == ("nonempty/resume", False, 1)
+    assert empty["message"] == "resume: nothing compared across launches"
+    assert _verdict(s, [], 1, "resume")["checks"][0]["ok"]
+
+
 @pytest.mark.slow
 def test_resume_from_with_reshard_checks_the_loaded_state(single_rank, saved, tmp_path):
     """A world-1 checkpoint loaded at world 2: every tensor re-saved at world 2 equals the saved
@@ -161,6 +171,7 @@ def test_resume_from_with_reshard_checks_the_loaded_state(single_rank, saved, tm
     res = e["resume"]
     assert res["resharded"] and res["compared"] > 20 and res["mismatches"] == 0
     assert sum(res["owners_moved"].values()) > 0 and e["steps"] == 2
+    assert res["against"] == "saved checkpoint (gathered view)" and res["note"] == RESHARD_NOTE
     assert "resharded world 1 -> 2" in r.stdout
 
 
