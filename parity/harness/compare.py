@@ -34,8 +34,9 @@ two points, computed in int64:
 * If either element is NaN and the bits differ, the distance is
   :data:`ULP_NAN` (the int64 maximum), which lands in the ``">100"`` bucket
   and is printed as ``NaN`` in messages.
-* For fp64 a distance that does not fit in int64 saturates at
-  :data:`ULP_SATURATED`.
+* For fp64 a distance of :data:`ULP_SATURATED` (2^63 - 2) or more saturates
+  there, so that neither marker is ever a real distance (a sign flip of the
+  largest double below 2 is 2^63 - 1 ULP: it must not read as NaN).
 
 Supported float dtypes: float64, float32, float16, bfloat16, float8_e4m3fn,
 float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz and float8_e8m0fnu (unsigned,
@@ -220,8 +221,8 @@ def _ulp_from_bits(
     # accounts for the -0/+0 step, absent in formats without a negative zero.
     step = 0 if fmt.nan == "negzero" else 1
     d_cross = ma + mb + step
-    if fmt.bits == 64:  # only fp64 can overflow int64 here
-        d_cross = torch.where(ma > (_INT64_MAX - step - mb), ULP_SATURATED, d_cross)
+    if fmt.bits == 64:  # only fp64 reaches the markers (and overflows int64)
+        d_cross = torch.where(ma >= (ULP_SATURATED - step - mb), ULP_SATURATED, d_cross)
     d = torch.where(same, d_same, d_cross)
     nan_a = _nan_mask(sa, ma, fmt)
     nan_b = _nan_mask(sb, mb, fmt)
@@ -271,11 +272,11 @@ def _fmt_pct(fraction: float) -> str:
 
 def fmt_ulp(u: int) -> str:
     """A max-ULP distance for people: a NaN difference (no distance) reads "NaN", a saturated
-    float64 distance ">=2^63"."""
+    float64 distance ">=2^63-2"."""
     if u == ULP_NAN:
         return "NaN"
     if u == ULP_SATURATED:
-        return ">=2^63"
+        return ">=2^63-2"
     return str(u)
 
 

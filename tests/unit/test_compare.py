@@ -325,6 +325,13 @@ def test_ulp_distance_nan_and_fp64_saturation():
     assert d.tolist() == [ULP_NAN, ULP_NAN]
     inf = torch.tensor([float("inf")], dtype=torch.float64)
     assert ulp_distance(-inf, inf).item() == ULP_SATURATED
+    # the markers are never real distances: a sign flip of the largest double below 2 is 2^63 - 1
+    # ULP (ULP_NAN's value) and saturates, as does 2^63 - 2 (ULP_SATURATED's); 2^63 - 3 is counted
+    below2 = _bits([0x3FFFFFFFFFFFFFFF, 0x3FFFFFFFFFFFFFFE, 0x3FFFFFFFFFFFFFFE], torch.float64)
+    other = -_bits([0x3FFFFFFFFFFFFFFF, 0x3FFFFFFFFFFFFFFF, 0x3FFFFFFFFFFFFFFE], torch.float64)
+    assert ulp_distance(below2, other).tolist() == [ULP_SATURATED, ULP_SATURATED, 2**63 - 3]
+    d = compare_tensors(below2[:1], other[:1], "x")
+    assert d.max_ulp == ULP_SATURATED and "NaN" not in d.message()
     e4 = torch.tensor([448.0]).to(torch.float8_e4m3fn)
     nan = _bits([0x7F], torch.float8_e4m3fn)
     assert ulp_distance(e4, nan).item() == ULP_NAN
