@@ -255,6 +255,20 @@ def test_to_dict_is_json():
     d = compare_tensors(a, b, "j")
     out = json.loads(json.dumps(d.to_dict()))
     assert out["n_diff"] == 1 and out["first_index"] == [0] and out["fraction"] == 0.5
+    assert out["ulp_hist"] == {"0": 1, "1": 0, "2": 0, "3-10": 0, "11-100": 0, ">100": 1}
+    assert out["first_values"] == [1.0, 2.0] and out["first_bits"] == ["0x3f800000", "0x40000000"]
+    flags = compare_tensors(torch.tensor([True, False]), torch.tensor([True, True]), "b")
+    ints = compare_tensors(torch.tensor([3, 4]), torch.tensor([3, 5]), "i")
+    for d, want in ((flags, [False, True]), (ints, [4, 5])):  # a bool reads as a bool, an int as an int
+        got = d.to_dict()["first_values"]
+        assert got == want and [type(v) for v in got] == [type(v) for v in want], got
+
+
+def test_nonfinite_counts_over_several_chunks(monkeypatch):
+    a = torch.tensor([float("nan"), 1.0, float("inf"), 2.0, float("nan"), -float("inf"), 3.0])
+    monkeypatch.setattr(cmp, "_CHUNK", 3)  # three chunks: every one counted, not the last one's
+    d = compare_tensors(a, a.clone(), "f", count_nonfinite=True)
+    assert (d.nan_a, d.inf_a) == (2, 2)
 
 
 def test_unsupported_inputs_are_usage_errors():
@@ -350,6 +364,8 @@ def test_ulp_distance_fnuz_and_e8m0():
 
 
 def test_ulp_distance_rejects_mixed_or_unsupported():
+    with pytest.raises(UsageError, match="ulp_distance"):
+        ulp_distance([1.0], torch.ones(1))  # either argument is checked, the first as well
     with pytest.raises(UsageError):
         ulp_distance(torch.ones(2), torch.ones(3))
     with pytest.raises(UsageError):
