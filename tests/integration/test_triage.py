@@ -369,6 +369,10 @@ def test_the_drift_section_of_the_markdown(tmp_path):
     assert str(dr["max_ulp"].dtype) == "Int64" and str(dr["n_tensors"].dtype) == "int64"
     (line,) = triage.drift_summary(df)
     assert line.endswith("(differing tensor comparisons per step: step 0: 2, step 1: 4, step 2: 1)"), line
+    # as many at the last step as at the first: it persists, it does not spread
+    level = triage.load_divergences(_write_run(tmp_path / "level", rows[1:5] + [(2, "forward", 1, "loss", 1, 1, 1),
+                                                                                (2, "param_sync", 0, "b", 1, 8, 1)], steps=3))
+    assert triage.drift_summary(level)[0].startswith("s: drift persists without growing: 2 at step 0, 2 at step 2")
     md = triage.render_markdown(df)
     section = md.split("### Drift per step\n\n")[1].split("### Per step and phase")[0]
     assert section.startswith("- drift persists without growing: 2 at step 0, 1 at step 2 ")
@@ -379,24 +383,32 @@ def test_the_drift_section_of_the_markdown(tmp_path):
     assert cells["1"][5] == "4" and cells["1"][6] != "-"  # max and median ULP printed
 
 
-def test_a_tensor_only_one_run_holds_is_a_row_of_its_own(tmp_path):
-    """Against another run: a tensor one run's snapshot holds and the other's does not is a row
-    (``missing``: only in the reference; ``extra``: only in the run), not skipped."""
+def _snapshot_run(d: Path, keys, steps: int = 1) -> Path:
+    """A ``--snapshot all`` run of scenario ``s`` whose every step holds ``keys`` on both sides."""
     from parity.harness.snapshot import snapshot_filename, write_snapshot
 
-    runs = {}
-    for name, keys in (("run", ("forward/loss", "optimizer/w.master", "optimizer/extra.master")),
-                       ("ref", ("forward/loss", "optimizer/w.master", "optimizer/gone.master"))):
-        d = _write_run(tmp_path / name, [], steps=1)
-        rep = json.loads((d / "report.json").read_text())
-        rep["argv"] = ["parity", "run", "--snapshot", "all"]
-        (d / "report.json").write_text(json.dumps(rep))
-        write_snapshot(d / "snapshots" / "s" / snapshot_filename(0, 0),
-                       {f"A/{k}": torch.ones(4) for k in keys} | {f"B/{k}": torch.ones(4) for k in keys})
-        runs[name] = d
-    df = triage.compare_runs(runs["run"], runs["ref"])
+    _write_run(d, [], steps=steps)
+    rep = json.loads((d / "report.json").read_text())
+    rep["argv"] = ["parity", "run", "--snapshot", "all"]
+    (d / "report.json").write_text(json.dumps(rep))
+    for step in range(steps):
+        write_snapshot(d / "snapshots" / "s" / snapshot_filename(step, 0),
+                       {f"{side}/{k}": torch.ones(4) for side in "AB" for k in keys})
+    return d
+
+
+def test_a_tensor_only_one_run_holds_is_a_row_of_its_own(tmp_path):
+    """Against another run: a tensor one run's snapshot holds and the other's does not is a row
+    (``missing``: only in the reference; ``extra``: only in the run), not skipped; runs of
+    different lengths are compared over the steps they share, and the notes say so."""
+    run = _snapshot_run(tmp_path / "run", ("forward/loss", "optimizer/w.master", "optimizer/extra.master"), steps=2)
+    ref = _snapshot_run(tmp_path / "ref", ("forward/loss", "optimizer/w.master", "optimizer/gone.master"))
+    df = triage.compare_runs(run, ref)
     assert sorted(zip(df["tensor"], df["reason"])) == [("extra.master", "extra"), ("gone.master", "missing")]
-    assert df.attrs["parity"]["scenarios"]["s"]["n_compared"] == {(0, "forward"): 1, (0, "optimizer"): 3}
+    meta = df.attrs["parity"]["scenarios"]["s"]
+    assert meta["n_compared"] == {(0, "forward"): 1, (0, "optimizer"): 3}
+    assert meta["notes"] == ["1 (step, rank) snapshots exist in one run only, first: step 1 rank 0",
+                             "the runs have 2 and 1 steps; compared the 1 in common"]
 
 
 def test_a_snapshot_that_does_not_hold_what_the_run_compared_is_named(tmp_path):
@@ -472,7 +484,10 @@ def test_failed_checks_without_divergence_exit_1(tmp_path, capsys):
     run = _write_run(tmp_path / "r", [], failed_checks=[{"step": 2, "check": "replicas/dp", "ok": False, "rank": 0,
                                                          "message": "step 2: 1 tensors differ across dp replicas"}])
     assert main(["triage", str(run)]) == 1
-    assert "no tensor divergence in" in capsys.readouterr().out and "replicas/dp" in (run / "triage" / "triage.md").read_text()
+    assert "no tensor divergence in" in capsys.readouterr().out
+    md = (run / "triage" / "triage.md").read_text()
+    assert "- 1 check(s) failed; first ones:\n  - step 2 replicas/dp (rank 0): step 2: 1 tensors differ" in md
+    assert "- phases in dataflow order: init -> forward -> grad_local -> grad_reduce -> optimizer -> param_sync" in md
 
 
 def test_failed_run_exit_1(tmp_path, capsys):
