@@ -439,6 +439,10 @@ def test_names():
     assert triage.param_of(FP8_BYTE) == QKV
     assert triage.layer_of("layers.12.mlp.experts.3.fc1.weight") == "layers.12"
     assert triage.layer_of("embed.weight") == "embed" and triage.layer_of("loss") == "(model)"
+    kinds = [triage.kind_of(t, ph) for t, ph in (
+        (FP8_BYTE, "param_sync"), (QKV + ".master", "optimizer"), (QKV + ".exp_avg", "optimizer"), (QKV, "grad_reduce"),
+        ("loss", "forward"), ("layers.0.attn_norm.weight", "param_sync"), ("ape", "optimizer"))]
+    assert kinds == ["fp8:rowwise_data", "master", "exp_avg", "grad", "loss", "param", "tensor"]
 
 
 @pytest.mark.slow
