@@ -346,7 +346,7 @@ def main(argv=None) -> int:
         free: Queue = Queue()
         for t in trees:
             free.put(t)
-        done, lock = [], threading.Lock()
+        finished, lock = 0, threading.Lock()
 
         def judge(m: Mutant):
             t = free.get()
@@ -356,9 +356,10 @@ def main(argv=None) -> int:
                 free.put(t)
             if outcome == "survived" and reached is not None and (m.file, m.line) not in reached:
                 outcome = "unreached"  # the set never runs the edited line: it cannot see the edit
+            nonlocal finished
             with lock:
-                done.append(m)
-                print(f"[{len(done)}/{len(chosen)}] {outcome:8s} rc={rc} {secs:5.1f} s  {m.label()}", flush=True)
+                finished += 1
+                print(f"[{finished}/{len(chosen)}] {outcome:8s} rc={rc} {secs:5.1f} s  {m.label()}", flush=True)
             return m, outcome, rc, secs, last
 
         with ThreadPoolExecutor(a.jobs) as pool:

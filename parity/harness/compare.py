@@ -337,7 +337,7 @@ class TensorDiff:
             f"{self.path}: {self.n_diff} of {self.numel} elements differ ({_fmt_pct(self.fraction or 0.0)})"
         ]
         if self.max_ulp is not None:
-            parts.append("max ULP NaN" if self.max_ulp == ULP_NAN else f"max {fmt_ulp(self.max_ulp)} ULP")
+            parts.append(f"max {fmt_ulp(self.max_ulp)} ULP")
         if self.ulp_hist is not None:
             inner = ", ".join(f"{k}: {v}" for k, v in self.ulp_hist.items() if v)
             parts.append(f"hist {{{inner}}}")

@@ -43,6 +43,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -445,8 +446,6 @@ class StreamingSnapshotWriter:
                 self._error = e
 
     def _write(self, step: int, tensors: Mapping[str, torch.Tensor]) -> None:
-        import time
-
         path = self.directory / snapshot_filename(step, self.rank)
         t0 = time.perf_counter()
         write_snapshot(path, tensors, {**self.metadata, "step": str(step), "rank": str(self.rank)})

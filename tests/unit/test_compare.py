@@ -136,7 +136,7 @@ def test_nan_payloads_are_a_difference(dtype):
     assert not d.equal and d.n_diff == 1 and d.first_index == (1,)
     assert d.max_ulp == ULP_NAN and d.ulp_hist[">100"] == 1 and d.ulp_hist["0"] == 1
     assert d.nan_a == 2 and d.nan_b == 2
-    assert "max ULP NaN" in d.message() and "NaN 2 vs 2" in d.message()
+    assert "max NaN ULP" in d.message() and "NaN 2 vs 2" in d.message()  # as summary.md words it
     # identical NaN bits are equal
     assert compare_tensors(a, a.clone(), "n").equal
 
