@@ -1,6 +1,7 @@
-"""Directories replaced atomically: a reader finds the old directory or the new one, never a mix.
+"""Files and directories replaced atomically: a reader finds the old one or the new one, never a mix.
 
-:func:`replace_dir` fills a hidden staging directory beside the target, fsyncs it and swaps it in
+:func:`replace_file` writes a temporary file beside the target, fsyncs it, renames it over the
+target and fsyncs the directory (report files, snapshots). :func:`replace_dir` fills a hidden staging directory beside the target, fsyncs it and swaps it in
 with one ``renameat2(RENAME_EXCHANGE)`` where Linux offers it, or with two renames otherwise (in
 between, :func:`resolve` finds the old directory under its backup name). An interruption at any
 point (SIGINT, SIGKILL, power loss) leaves the previous directory readable; the next writer
@@ -19,11 +20,52 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from parity.harness.snapshot import fsync_dir
-
-__all__ = ["replace_dir", "resolve"]
+__all__ = ["fsync_dir", "replace_file", "replace_dir", "resolve"]
 
 _LEFTOVER_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<writer>\d+)-")
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that renames and new entries in it are durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on dirs
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Make ``path`` hold what ``write(tmp)`` writes into ``tmp``, a temporary file beside it.
+
+    The file is readable by all (0644, as a plain write makes it: results are shared), fsynced,
+    renamed over ``path``, and the directory is fsynced so that the rename survives a power loss.
+    If ``write`` or the filesystem fails, ``path`` keeps its old content and no temporary is left.
+
+    Raises:
+        OSError: the directory takes no files (and whatever ``write`` raises).
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(directory)
 
 
 def replace_dir(target: Path, fill: Callable[[Path], None], *, overwrite: bool, marker: str) -> None:

@@ -6,9 +6,9 @@ import json
 import math
 import os
 import struct
-import tempfile
 import xml.etree.ElementTree as ET
 
+from parity.harness import atomic
 from parity.vocab import STEP_PHASES, Check
 
 PHASE_ORDER = {p: i for i, p in enumerate(("init",) + STEP_PHASES)}
@@ -236,18 +236,11 @@ def error_entry(scenario, message: str, elapsed_s: float, failure: dict | None =
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    atomic.replace_file(path, write)
 
 
 def write_reports(out_dir: str, entries: list[dict], meta: dict, junit: str | None = None) -> None:

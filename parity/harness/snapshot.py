@@ -42,7 +42,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,6 +50,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from parity.harness import atomic
 from parity.harness.errors import SnapshotError, UsageError
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "to_cpu_contiguous",
     "tensor_sha256",
     "file_sha256",
-    "fsync_dir",
 ]
 
 if sys.byteorder != "little":  # pragma: no cover - no such hosts in use
@@ -134,25 +133,6 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory so that renames and new entries in it are durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse fsync on dirs
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str | os.PathLike[str]) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 @functools.lru_cache(maxsize=None)
@@ -258,29 +238,13 @@ def write_snapshot(
         md[_DTYPES_KEY] = json.dumps(encoded, sort_keys=True)
     md[_ORDER_KEY] = json.dumps(list(cpu))
 
-    directory = path.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.replace_file(path, lambda tmp: safetensors.torch.save_file(cpu, tmp, metadata=md or None))
     except OSError as e:
-        raise SnapshotError(f"cannot create snapshot {path}: {e.strerror or e}") from None
-    try:
-        safetensors.torch.save_file(cpu, tmp, metadata=md or None)
-        os.chmod(tmp, 0o644)
-        _fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise SnapshotError(f"cannot write snapshot {path}: {e.strerror or e}") from None
-        if isinstance(e, safetensors.SafetensorError):
-            raise SnapshotError(f"cannot write snapshot {path}: {e}") from None
-        raise
-    fsync_dir(directory)
+        raise SnapshotError(f"cannot write snapshot {path}: {e.strerror or e}") from None
+    except safetensors.SafetensorError as e:
+        raise SnapshotError(f"cannot write snapshot {path}: {e}") from None
     return path
 
 

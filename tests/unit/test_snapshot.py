@@ -167,7 +167,7 @@ def test_write_error_is_a_clean_parity_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(SnapshotError) as e:
         write_snapshot(blocker / "sub" / "s.safetensors", {"x": torch.ones(1)})
-    assert e.value.exit_code == 2 and "cannot create snapshot" in str(e.value)
+    assert e.value.exit_code == 2 and "cannot write snapshot" in str(e.value) and str(blocker) in str(e.value)
 
 
 @pytest.mark.parametrize(
