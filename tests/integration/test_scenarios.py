@@ -6,6 +6,7 @@ configuration another scenario runs for at least as many steps (the quick set's 
 not run twice: its goldens must equal that scenario's, bit for bit."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -69,14 +70,15 @@ def ranks(s) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.ranks(ranks(s))) for s in RUN],
                          ids=[s.name for s in RUN])
-def test_scenario_passes(scenario):
+def test_scenario_passes(scenario, tmp_path):
     why = goldens_cli.why_not_runnable(scenario)
     if why:
         pytest.skip(why)
     if scenario.resume_at is None and scenario.steps > CI_STEPS:
         scenario = scenario.prefix(CI_STEPS)
     found = goldens_cli.prepare([scenario], allow_other_platform=True)[scenario.name]
-    entry, results = run_scenario(scenario, RunOptions(progress=False, snapshot="none", golden_digests=True))
+    entry, results = run_scenario(scenario, RunOptions(progress=False, snapshot="none", golden_digests=True,
+                                                       out_dir=str(tmp_path)))
     assert entry["status"] == "pass", (entry.get("error"), entry.get("first_divergence"),
                                        entry.get("failed_checks"), entry.get("messages"))
     assert entry["steps"] == scenario.steps
@@ -98,6 +100,9 @@ def test_scenario_passes(scenario):
         against = "saved checkpoint (gathered view)" if resharded else "uninterrupted run"
         assert (r["resharded"], r["against"], "note" in r) == (resharded, against, resharded)
         assert r["compared"] > 0 and r["mismatches"] == 0
+        # the run's output keeps the checkpoint it resumed from, and only that (a reshard's re-saved
+        # copy of the loaded state is removed once compared)
+        assert os.listdir(tmp_path / "checkpoints" / scenario.name) == [f"step{scenario.resume_at}"]
     test_side = scenario.stack_configs()[0]
     gathers_overlapped = test_side.ddp.overlap_param_gather
     assert (Check.PARAM_GATHER_ONCE in ran) == gathers_overlapped
