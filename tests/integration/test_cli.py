@@ -103,6 +103,9 @@ def test_inject_one_ulp_is_localized(tmp_path):
     assert (fd["step"], fd["phase"], fd["tensor"]) == (2, "grad_reduce", "layers.0.attn.qkv.weight")
     assert fd["max_ulp"] == 1 and fd["n_diff"] == 1
     assert e["compared"] > 0 and (out / "summary.md").exists()
+    # each differing comparison's own line, the bumped tensor's first
+    assert e["messages"] and e["messages"][0].startswith("step 2/grad_reduce/layers.0.attn.qkv.weight/rank 0: 1 of "), \
+        e["messages"][:2]
     snaps = list((out / "snapshots").rglob("*.safetensors"))
     assert snaps, "divergent steps must leave snapshots"
 
@@ -151,7 +154,7 @@ def test_clean_run_passes_with_junit(tmp_path):
         assert all(v >= 0 for v in t["totals"][side].values())
     assert t["totals"]["harness"]["capture_compare"] > 0 and t["start_s"] > 0 and t["build_s"] > 0
     assert [s["step"] for s in t["per_step"]] == [-1, 0, 1, 2] and t["ranks_averaged"] == 2
-    assert e["memory"]["peak_rss_bytes"] > 0
+    assert e["memory"]["peak_rss_bytes"] > 0 and set(e["memory"]) == {"peak_rss_bytes"}  # no CUDA peak on CPU
     assert "## Where the time went" in (out / "summary.md").read_text()
     assert t["cpu"]["user_s"] > 0 and t["cpu"]["system_s"] >= 0  # the ranks' own CPU time
     assert set(t["start_parts"]) == {"process", "device", "process_group", "handoff"}
