@@ -3,6 +3,7 @@ training state comes back bit for bit, saves are atomic, and a damaged checkpoin
 
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -162,6 +163,10 @@ def test_a_checkpoint_of_another_stack_is_refused_at_its_first_param(single_rank
     saved = ckpt.saved_entries(str(tmp_path / "c"))
     with pytest.raises(ckpt.CheckpointError, match=r"no tensor 'test/model/\S+': it was written by another model"):
         ckpt.load_targets(off, saved, prefix="test/")
+    # a checkpoint without a LayerWise matrix's owner (the load would not know where its state lives)
+    owner = next(k for k in saved if k.startswith("test/layerwise/") and k.endswith(".owner"))
+    with pytest.raises(ckpt.CheckpointError, match=f"no tensor '{re.escape(owner)}'"):
+        ckpt.load_targets(on, {k: v for k, v in saved.items() if k != owner}, prefix="test/")
     _, wide, _ = build(model={"vocab_size": 256})
     with pytest.raises(ckpt.CheckpointError,
                        match=r"'test/model/\S*embed\S*' is torch.bfloat16 \(128, 128\); this stack holds torch.bfloat16 \(256, 128\)"):
