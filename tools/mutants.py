@@ -349,6 +349,7 @@ def main(argv=None) -> int:
         finished, lock = 0, threading.Lock()
 
         def judge(m: Mutant):
+            nonlocal finished
             t = free.get()
             try:
                 outcome, rc, secs, last = run_one(t, m, target, a.timeout)
@@ -356,7 +357,6 @@ def main(argv=None) -> int:
                 free.put(t)
             if outcome == "survived" and reached is not None and (m.file, m.line) not in reached:
                 outcome = "unreached"  # the set never runs the edited line: it cannot see the edit
-            nonlocal finished
             with lock:
                 finished += 1
                 print(f"[{finished}/{len(chosen)}] {outcome:8s} rc={rc} {secs:5.1f} s  {m.label()}", flush=True)

@@ -1,11 +1,12 @@
 """Files and directories replaced atomically: a reader finds the old one or the new one, never a mix.
 
 :func:`replace_file` writes a temporary file beside the target, fsyncs it, renames it over the
-target and fsyncs the directory (report files, snapshots). :func:`replace_dir` fills a hidden staging directory beside the target, fsyncs it and swaps it in
-with one ``renameat2(RENAME_EXCHANGE)`` where Linux offers it, or with two renames otherwise (in
-between, :func:`resolve` finds the old directory under its backup name). An interruption at any
-point (SIGINT, SIGKILL, power loss) leaves the previous directory readable; the next writer
-removes the leftovers of dead writers and puts back a directory whose swap was cut short.
+target and fsyncs the directory (report files, snapshots). :func:`replace_dir` fills a hidden
+staging directory beside the target, fsyncs it and swaps it in with one
+``renameat2(RENAME_EXCHANGE)`` where Linux offers it, or with two renames otherwise (in between,
+:func:`resolve` finds the old directory under its backup name). An interruption at any point
+(SIGINT, SIGKILL, power loss) leaves the previous directory readable; the next writer removes the
+leftovers of dead writers and puts back a directory whose swap was cut short.
 """
 
 from __future__ import annotations
