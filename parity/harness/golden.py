@@ -23,7 +23,7 @@ Both report the drift at the stored steps both hold (rank 0): per tensor, the di
 elements, max ULP and ULP histogram. :func:`find` picks the golden for a scenario and raises a
 typed error (:class:`GoldenMissing`, :class:`GoldenStale`, :class:`GoldenFormatError`, or
 :class:`GoldenError` for a damaged one). :func:`write` replaces a record atomically
-(:mod:`parity.harness.atomic`): an interrupted writer leaves the previous golden readable.
+(:mod:`parity.atomic`): an interrupted writer leaves the previous golden readable.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from parity.harness import atomic
+from parity import atomic
 from parity.harness.compare import TensorDiff, bit_view, compare_tensors, ulp_distance
 from parity.harness.errors import (
     GoldenError,

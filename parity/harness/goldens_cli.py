@@ -13,7 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from parity.harness import atomic, golden
+from parity import atomic
+from parity.harness import golden
 from parity.harness.errors import GoldenError, GoldenMissing
 from parity.harness.platform import platform_fingerprint
 

@@ -8,7 +8,7 @@ import os
 import struct
 import xml.etree.ElementTree as ET
 
-from parity.harness import atomic
+from parity import atomic
 from parity.vocab import STEP_PHASES, Check
 
 PHASE_ORDER = {p: i for i, p in enumerate(("init",) + STEP_PHASES)}

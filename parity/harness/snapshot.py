@@ -50,7 +50,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from parity.harness import atomic
+from parity import atomic
 from parity.harness.errors import SnapshotError, UsageError
 
 __all__ = [

@@ -30,9 +30,11 @@ reshard it. A rank whose shard holds only alignment padding still writes its (ze
 that chunk the tensor is not fully covered and DCP refuses the save (docs/spec/megatron.md s5 item
 12; the fault ``padding-only-shard`` drops it).
 
-Writes are atomic. DCP writes into a fresh sibling directory. Rank 0 then writes the marker file
-(sizes and sha256 of every file) and renames the directory into place. A directory without the
-marker is never loaded, and a failed save leaves what was on disk before untouched.
+Writes are atomic (:mod:`parity.atomic`). DCP writes into a hidden staging directory beside the
+path. Rank 0 then writes the marker file (sizes and sha256 of every file) and swaps the directory
+into place. A directory without the marker is never loaded. A failed or interrupted save leaves
+the previous checkpoint loadable at its path (mid-swap, from its backup; the next save puts it
+back or replaces it), and the next save removes what a dead writer left.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from parity import atomic
 from parity.distributed.collectives import all_gather_object, barrier, broadcast_object
 from parity.distributed.determinism import empty
 from parity.model import is_quantized_param
@@ -360,23 +363,18 @@ def _file_entry(path: str) -> list:
 
 
 def _write_marker(root: str, manifest: dict) -> None:
-    tmp = os.path.join(root, f".{MARKER}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, MARKER))
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+    atomic.replace_file(os.path.join(root, MARKER), write)
 
 
-def _publish(tmp: str, path: str) -> None:
-    """Rename the finished ``tmp`` to ``path``; an older checkpoint there is replaced only now."""
-    aside = None
-    if os.path.lexists(path):
-        aside = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.old-")
-        os.rename(path, os.path.join(aside, "ckpt"))
-    os.rename(tmp, path)
-    if aside:
-        shutil.rmtree(aside, ignore_errors=True)
+def locate(path: str) -> str:
+    """The directory holding the checkpoint saved at ``path``: itself, or, while a save that was
+    cut short between its two renames has not been followed by another, the previous checkpoint's
+    backup. ``path`` itself when neither exists (the caller's error names it)."""
+    found = atomic.resolve(Path(path), MARKER)
+    return str(found) if found is not None else path
 
 
 def save(path: str, state: dict, manifest: dict) -> dict:
@@ -388,11 +386,7 @@ def save(path: str, state: dict, manifest: dict) -> dict:
     tmp = None
     if rank == 0:
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.partial-")
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the published checkpoint private
+            tmp = str(atomic.staging_dir(Path(path), MARKER))
         except OSError as e:
             tmp = OSError(f"cannot create a checkpoint next to {path}: {e.strerror or e}")
     tmp = broadcast_object(tmp)
@@ -418,7 +412,7 @@ def save(path: str, state: dict, manifest: dict) -> dict:
         try:
             files = {n: _file_entry(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
             _write_marker(tmp, {**manifest, "format": FORMAT, "files": files})
-            _publish(tmp, path)
+            atomic.publish_dir(Path(tmp), Path(path))
             outcome = {"bytes": sum(s for s, _ in files.values()), "files": len(files),
                        "write_s": t_written - t0, "marker_s": time.perf_counter() - t_written}
         except OSError as e:
@@ -444,6 +438,7 @@ def _dcp_reason(e: BaseException) -> str:
 def read_manifest(path: str, verify_files: bool = True) -> dict:
     """The marker of a finished checkpoint; with ``verify_files`` every listed file is checked
     for presence, size and sha256 (a partial, truncated or corrupt checkpoint is refused)."""
+    path = locate(path)
     marker = os.path.join(path, MARKER)
     if not os.path.isdir(path):
         raise CheckpointError(f"no checkpoint at {path!r} (not a directory)")
@@ -475,6 +470,7 @@ def read_manifest(path: str, verify_files: bool = True) -> dict:
 
 def saved_entries(path: str) -> dict:
     """key -> DCP storage metadata of every entry in the checkpoint."""
+    path = locate(path)
     try:
         return dict(FileSystemReader(path).read_metadata().state_dict_metadata)
     except Exception as e:
@@ -483,6 +479,7 @@ def saved_entries(path: str) -> dict:
 
 def load(path: str, targets: dict) -> float:
     """Collective: fill ``targets`` from the checkpoint at ``path``; returns the seconds it took."""
+    path = locate(path)
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -496,6 +493,7 @@ def load(path: str, targets: dict) -> float:
 def read_full(path: str, keys=None) -> dict:
     """Every tensor of the checkpoint (or ``keys``), whole, in this process (no process group):
     the gathered view used to check a resharded load."""
+    path = locate(path)
     entries = saved_entries(path)
     out = {k: empty(tuple(md.size), dtype=md.properties.dtype, device="cpu") for k, md in entries.items()
            if isinstance(md, TensorStorageMetadata) and (keys is None or k in keys)}

@@ -20,7 +20,7 @@ import cli_fork
 import pytest
 import torch
 
-import parity.harness.atomic as atomic
+import parity.atomic as atomic
 import parity.harness.golden as golden
 from parity.harness.errors import (
     GoldenError,

@@ -506,7 +506,7 @@ def test_interrupted_regen_keeps_the_old_golden(golden, tmp_path, marker):
 
     # The write window, deterministically: kill the process right before the swap.
     script = ("import os, signal, sys\n"
-              "import parity.harness.atomic as a\n"
+              "import parity.atomic as a\n"
               "a._swap_into_place = lambda staging, target: os.kill(os.getpid(), signal.SIGKILL)\n"
               "from parity.cli import main\n"
               "sys.exit(main())\n")

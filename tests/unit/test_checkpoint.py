@@ -10,6 +10,7 @@ import torch
 
 from parity.ddp.layout import distopt_layout
 from parity.distributed.groups import build_groups
+from parity import atomic
 from parity.harness import resume
 from parity.harness.scenario import make_scenario
 from parity.optim import checkpoint as ckpt
@@ -124,6 +125,34 @@ def test_a_failed_save_leaves_the_previous_checkpoint(single_rank, tmp_path, mon
         save(path, on)
     assert ckpt.read_manifest(str(path)) == old  # same files, same hashes
     assert sorted(os.listdir(tmp_path)) == ["c"]  # no partial directory left behind
+
+
+def test_a_save_interrupted_while_publishing_leaves_a_checkpoint(single_rank, tmp_path, monkeypatch):
+    """SIGINT the instant the previous checkpoint is renamed away (where publishing takes two
+    renames): the path still loads, old or new, and the next save clears the leftovers."""
+    _, on, _ = build()
+    train(on, 1)
+    path = tmp_path / "c"
+    save(path, on)
+    old = ckpt.read_manifest(str(path))
+    rename = os.rename
+
+    def interrupted(src, dst):
+        rename(src, dst)
+        if os.path.abspath(src) == str(path):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", interrupted)
+    monkeypatch.setattr(atomic, "_rename_exchange", lambda a, b: False)  # the two-rename fallback
+    train(on, 1)
+    with pytest.raises(KeyboardInterrupt):
+        save(path, on)
+    assert ckpt.read_manifest(str(path)) == old
+    load(path, build()[1])  # and DCP reads it
+    monkeypatch.setattr(os, "rename", rename)
+    save(path, on)  # the next writer tidies up
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+    assert ckpt.read_manifest(str(path)) != old
 
 
 @pytest.mark.parametrize("damage", ["no-marker", "truncated", "flipped-bit", "missing-file", "bad-marker"])

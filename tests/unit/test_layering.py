@@ -1,11 +1,11 @@
-"""The package imports only downward: vocab -> fp8 -> distributed -> model -> ddp -> optim -> harness -> cli
-(`__main__`, which only calls cli, sits above it)."""
+"""The package imports only downward: vocab -> atomic -> fp8 -> distributed -> model -> ddp -> optim
+-> harness -> cli (`__main__`, which only calls cli, sits above it)."""
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "parity"
-LAYERS = ["vocab", "fp8", "distributed", "model", "ddp", "optim", "harness", "cli", "__main__"]
+LAYERS = ["vocab", "atomic", "fp8", "distributed", "model", "ddp", "optim", "harness", "cli", "__main__"]
 
 
 def _layer(module: str) -> int:

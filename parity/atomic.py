@@ -1,12 +1,18 @@
 """Files and directories replaced atomically: a reader finds the old one or the new one, never a mix.
 
+The one place the package writes results that must survive an interruption: report files,
+snapshots, golden records and checkpoints. It sits below every other layer (the checkpoint, in
+``parity.optim``, uses it as the harness does).
+
 :func:`replace_file` writes a temporary file beside the target, fsyncs it, renames it over the
-target and fsyncs the directory (report files, snapshots). :func:`replace_dir` fills a hidden
-staging directory beside the target, fsyncs it and swaps it in with one
-``renameat2(RENAME_EXCHANGE)`` where Linux offers it, or with two renames otherwise (in between,
-:func:`resolve` finds the old directory under its backup name). An interruption at any point
-(SIGINT, SIGKILL, power loss) leaves the previous directory readable; the next writer removes the
-leftovers of dead writers and puts back a directory whose swap was cut short.
+target and fsyncs the directory. A directory is staged and published: :func:`staging_dir` makes a
+hidden directory beside the target (after removing what dead writers left there), the writers fill
+it, and :func:`publish_dir` fsyncs it and swaps it in with one ``renameat2(RENAME_EXCHANGE)``
+where Linux offers it, or with two renames otherwise (in between, :func:`resolve` finds the old
+directory under its backup name). :func:`replace_dir` is the three in one process. An
+interruption at any point (SIGINT, SIGKILL, power loss) leaves the previous directory readable;
+the next writer removes the leftovers of dead writers and puts back a directory whose swap was
+cut short.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fsync_dir", "replace_file", "replace_dir", "resolve"]
+__all__ = ["fsync_dir", "replace_file", "replace_dir", "staging_dir", "publish_dir", "resolve"]
 
 _LEFTOVER_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<writer>\d+)-")
 
@@ -77,20 +83,45 @@ def replace_dir(target: Path, fill: Callable[[Path], None], *, overwrite: bool, 
         FileExistsError: ``target`` exists and ``overwrite`` is False.
         OSError: the filesystem refused.
     """
-    parent = target.parent
     if not overwrite and resolve(target, marker) is not None:
         raise FileExistsError(str(target))
-    parent.mkdir(parents=True, exist_ok=True)
-    _cleanup_stale(parent, target.name, marker)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=parent))
+    staging = staging_dir(target, marker)
     try:
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; these are shared files
         fill(staging)
-        fsync_dir(staging)
-        _swap_into_place(staging, target)
+        publish_dir(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def staging_dir(target: Path, marker: str) -> Path:
+    """A new empty directory beside ``target`` (hidden, named after it and this process) to fill
+    and then :func:`publish_dir`. The leftovers of ``target``'s dead writers go first; a backup
+    holding ``marker`` whose swap was cut short is put back at ``target``. The directory gets the
+    permissions a plain ``mkdir`` would (these are shared files; mkdtemp makes it private).
+
+    Raises:
+        OSError: the filesystem refused.
+    """
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _cleanup_stale(parent, target.name, marker)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+    return staging
+
+
+def publish_dir(staging: Path, target: Path) -> None:
+    """fsync the filled ``staging`` and swap it in at ``target``; an older ``target`` is removed
+    only once the new one is in place. On failure ``staging`` is left for the caller to remove.
+
+    Raises:
+        OSError: the filesystem refused.
+    """
+    fsync_dir(staging)
+    _swap_into_place(staging, target)
 
 
 def resolve(target: Path, marker: str) -> Path | None:
