@@ -275,6 +275,10 @@ class Stack:
         w.waits = self.ddp.pre_hook_waits[w.wait_start:]
         self.closed_windows.append(w)
         self.window = None
+        # Read: the records start over, so that a long run keeps one window's worth of them.
+        for g in w.start:
+            g.param_gathers.clear()
+        self.ddp.pre_hook_waits.clear()
 
     def gather_report(self, w: GatherWindow) -> list[dict]:
         """Per bucket group of a closed window: what it gathered, how, and before which use.

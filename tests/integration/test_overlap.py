@@ -318,9 +318,12 @@ def _forced_sync_rank(ctx) -> dict:
                 losses[name].append(tensors["loss"].view(torch.int32).item())
         return on_phase
 
+    records = []  # the plain stack's DDP records after each step: landed gathers, pre-hook waits
     for step in range(3):
         plain.step(step, keep("plain"))
         forced.step(step, keep("forced"))
+        records.append((sum(map(len, (g.param_gathers for g in plain.ddp.bucket_groups))),
+                        len(plain.ddp.pre_hook_waits)))
         if step == 1:
             forced.force_param_sync()
             clean = forced.grad_buffer_clean  # the stack's own reading, right after the sync it made
@@ -328,7 +331,7 @@ def _forced_sync_rank(ctx) -> dict:
     rows = {k: forced.gather_report(w) for k, w in windows.items()}
     return {"losses": losses, "sources": {k: w.source for k, w in windows.items()},
             "before": {k: sorted({tuple(r["before_first_use"]) for r in v if r["expect"]}) for k, v in rows.items()},
-            "clean": clean, "clean_after": forced.grad_buffer_clean}
+            "clean": clean, "clean_after": forced.grad_buffer_clean, "records": records}
 
 
 @pytest.mark.slow
@@ -342,3 +345,5 @@ def test_forced_param_sync_mid_run_is_recorded_and_changes_nothing():
         assert seen["sources"] == {0: "pre_hook", 1: "force_sync"}, r
         assert seen["before"] == {0: [("pre_hook",)], 1: [("force_sync",)]}, r
         assert seen["clean"] is True and seen["clean_after"] is None, r  # reset by the next step
+        # The records the gather checks read keep one window (gathers landed in every window: above).
+        assert seen["records"][1] == seen["records"][2], (r, seen["records"])
