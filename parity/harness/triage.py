@@ -109,7 +109,9 @@ no element statistics). ``max_ulp``/``median_ulp`` are over the differing elemen
 them. ``median_exact`` is False where the median is estimated from the ULP histogram (the
 lower bound of the median bucket). ``ulps`` (a numpy array of the differing elements' ULP
 distances, where the tensors were at hand; an even subsample beyond :data:`MAX_KEPT_ULPS`) is
-kept for exact medians of groups and left out of the CSV/Parquet files.
+kept for exact medians of groups and left out of the CSV/Parquet files. ``step``, ``phase_idx``
+and ``rank`` are int64; the counts, ``max_ulp`` and the histogram columns nullable Int64 (absent
+for a digest row); ``frac_diff`` and ``median_ulp`` float64 (NaN where absent).
 """
 
 _TENSOR_RE = re.compile(r"^step -?\d+/[^/]+/(?P<tensor>.+)/rank \d+$")

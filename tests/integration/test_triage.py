@@ -165,6 +165,7 @@ def test_against_another_run(runs, capsys):
     clean = json.loads((runs["clean"] / "report.json").read_text())["scenarios"][0]
     per_step = clean["compared_by_phase"]["grad_reduce"] / clean["steps"]
     meta = df.attrs["parity"]["scenarios"]["triage-w2"]
+    assert meta["n_divergences"] == len(df) > 0
     assert meta["n_compared"][(2, "grad_reduce")] == per_step > 0
     assert meta["compared_by_phase"]["grad_reduce"] == per_step * meta["steps"]
     # a run without `--snapshot all` cannot be compared step by step
@@ -310,6 +311,14 @@ def test_first_divergence_follows_dataflow_order(tmp_path):
     assert triage.origin(df)["chain"] == ["optimizer", "param_sync"]
 
 
+def assert_numeric_dtypes(df):
+    """The table's numeric columns have the dtypes triage.COLUMNS documents, whatever rows it holds."""
+    dtypes = {c: str(t) for c, t in df.dtypes.items() if str(t) not in ("object", "str", "string")}
+    assert dtypes == {**dict.fromkeys(("step", "phase_idx", "rank"), "int64"),
+                      **dict.fromkeys(("n_diff", "numel", "max_ulp", *triage._HIST_COLS), "Int64"),
+                      "frac_diff": "float64", "median_ulp": "float64", "median_exact": "bool"}
+
+
 def test_tables_medians_and_fractions(tmp_path):
     rows = [(1, "grad_reduce", 0, "layers.0.mlp.fc1.weight", 10, 1000, 1),
             (1, "grad_reduce", 1, "layers.0.mlp.fc1.weight", 30, 1000, 50),
@@ -317,6 +326,7 @@ def test_tables_medians_and_fractions(tmp_path):
             (3, "param_sync", 0, "head.weight", 2, 200, 200)]
     df = triage.load_divergences(_write_run(tmp_path / "r", rows, steps=4))
     assert list(df.columns) == list(triage.COLUMNS)
+    assert_numeric_dtypes(df)
     assert list(df["layer"]) == ["layers.0", "layers.0", "layers.1", "head"]
     assert df.iloc[2]["param"] == "layers.1.mlp.fc2.weight" and df.iloc[2]["kind"] == "master"
     psp = triage.per_step_phase(df)
@@ -405,6 +415,7 @@ def test_a_tensor_only_one_run_holds_is_a_row_of_its_own(tmp_path):
     ref = _snapshot_run(tmp_path / "ref", ("forward/loss", "optimizer/w.master", "optimizer/gone.master"))
     df = triage.compare_runs(run, ref)
     assert sorted(zip(df["tensor"], df["reason"])) == [("extra.master", "extra"), ("gone.master", "missing")]
+    assert_numeric_dtypes(df)  # rows without element statistics
     meta = df.attrs["parity"]["scenarios"]["s"]
     assert meta["n_compared"] == {(0, "forward"): 1, (0, "optimizer"): 3}
     assert meta["notes"] == ["1 (step, rank) snapshots exist in one run only, first: step 1 rank 0",
