@@ -283,6 +283,23 @@ def test_triton_is_the_default_where_it_imports(monkeypatch):
     assert calls, "the torch path ran on CUDA where triton imports"
 
 
+@pytest.mark.parametrize("import_error,interpret,cuda,expected", [
+    ("No module named 'triton'", False, True, "triton is not importable (No module named 'triton')"),
+    (None, True, False, None),  # TRITON_INTERPRET=1 runs the kernels on the CPU
+    (None, False, False, "CUDA is not available"),
+    (None, False, True, None),
+])
+def test_why_the_triton_path_cannot_run(monkeypatch, import_error, interpret, cuda, expected):
+    """Every branch of the decision, on any host (the CPU gate has no triton, so the branches a
+    triton without CUDA takes are reached only here)."""
+    monkeypatch.setattr(tq, "_TRITON_IMPORT_ERROR", import_error)
+    monkeypatch.setattr(tq, "_INTERPRET", interpret)
+    monkeypatch.setattr(tq, "_cuda_ok", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert tq.triton_unavailable_reason() == expected
+    assert tq.triton_available() is (expected is None)
+
+
 @pytest.mark.parametrize("value,expected", [(None, True), ("0", False)])
 def test_env_switch(value, expected):
     """PARITY_TRITON_QUANTIZE=0 forces the torch path; unset selects Triton (where it can run)."""
