@@ -97,8 +97,9 @@ def replace_dir(target: Path, fill: Callable[[Path], None], *, overwrite: bool, 
 def staging_dir(target: Path, marker: str) -> Path:
     """A new empty directory beside ``target`` (hidden, named after it and this process) to fill
     and then :func:`publish_dir`. The leftovers of ``target``'s dead writers go first; a backup
-    holding ``marker`` whose swap was cut short is put back at ``target``. The directory gets the
-    permissions a plain ``mkdir`` would (these are shared files; mkdtemp makes it private).
+    holding ``marker`` whose swap was cut short is put back at ``target``. The directory is
+    readable by all (0755, as :func:`replace_file`'s 0644: results are shared; mkdtemp makes it
+    private. Not from the umask: reading it means setting it, for every thread of the process).
 
     Raises:
         OSError: the filesystem refused.
@@ -107,9 +108,7 @@ def staging_dir(target: Path, marker: str) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     _cleanup_stale(parent, target.name, marker)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)
+    os.chmod(staging, 0o755)
     return staging
 
 

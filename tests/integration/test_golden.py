@@ -172,6 +172,9 @@ def test_first_difference_and_one_ulp_drift_at_a_stored_step(tmp_path):
                                                             bump_master(st, r, ph, t, at=(3, 0)))))
     assert c.first().where() == "step 2 / optimizer / w.master / rank 1" and c.first_drift() is None
     assert [(x.step, x.rank) for x in c.differences] == [(2, 1), (3, 0)]
+    # what `parity golden check` prints names each (of the first five)
+    assert {"step 2 / optimizer / w.master / rank 1: digest", "step 3 / optimizer / w.master / rank 0: digest"} \
+        <= set(c.messages())
     # within a step the earliest phase wins over the lowest rank: rank 1's forward comes before
     # rank 0's optimizer, though the records are walked rank by rank
 
@@ -321,6 +324,8 @@ def _with_loss(m: dict, step: int, text: str) -> dict:
     (lambda m: {**m, "format_version": 3}, GoldenFormatError, "upgrade parity"),
     (lambda m: {**m, "config": {"world": 4}}, GoldenError, "'fingerprint' does not match"),
     (lambda m: {**m, "files": {}}, GoldenError, "not listed"),
+    (lambda m: {**m, "files": {k: {"bytes": f["bytes"]} for k, f in m["files"].items()}}, GoldenError,
+     "file entries need bytes and sha256"),
     (lambda m: _with_digests(m, "0123 zz"), GoldenError, "rank 0 'forward/loss': bad digest list"),
     (lambda m: {k: v for k, v in m.items() if k != "scenario"}, GoldenError, "'scenario' or 'config' missing"),
     (lambda m: {**m, "steps": 5}, GoldenError, "4 entries for 5 steps"),

@@ -153,6 +153,7 @@ def test_a_save_interrupted_while_publishing_leaves_a_checkpoint(single_rank, tm
     save(path, on)  # the next writer tidies up
     assert sorted(os.listdir(tmp_path)) == ["c"]
     assert ckpt.read_manifest(str(path)) != old
+    assert path.stat().st_mode & 0o777 == 0o755  # shared, as a plain mkdir makes it (not mkdtemp's 0700)
 
 
 @pytest.mark.parametrize("damage", ["no-marker", "truncated", "flipped-bit", "missing-file", "bad-marker"])
