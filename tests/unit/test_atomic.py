@@ -1,0 +1,145 @@
+"""parity.atomic on its own: what makes a write survive a power loss, the one-rename swap where
+Linux offers it, and names kept apart in a shared directory (goldens of several platforms sit side
+by side, checkpoints of several steps). The interruption cases are in test_golden.py,
+test_checkpoint.py and test_reliability.py."""
+
+import ctypes
+import errno
+import os
+import sys
+
+import pytest
+
+from parity import atomic
+
+
+def _fsync_spy(monkeypatch) -> list:
+    """Paths fsynced from now on (read back from each descriptor)."""
+    synced, real = [], os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", spy)
+    return synced
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name a descriptor's file")
+def test_the_data_and_the_rename_are_fsynced(tmp_path, monkeypatch):
+    """A file's content before its rename, the directory after it: without either, a power loss
+    can leave the new name pointing at an empty or missing file."""
+    synced = _fsync_spy(monkeypatch)
+    target = tmp_path / "report.json"
+    tmp = []
+    atomic.replace_file(target, lambda p: (tmp.append(p), open(p, "w").write("{}")))
+    assert synced == [tmp[0], str(tmp_path)]
+
+    synced.clear()
+    staged = []
+
+    def fill(d):
+        staged.append(str(d))
+        (d / "manifest.json").write_text("{}")
+    atomic.replace_dir(tmp_path / "golden", fill, overwrite=False, marker="manifest.json")
+    assert synced == [staged[0], str(tmp_path)]  # the filled directory, then its new entry
+
+    synced.clear()
+    staged.clear()
+    monkeypatch.setattr(atomic, "_rename_exchange", lambda a, b: False)
+    atomic.replace_dir(tmp_path / "golden", fill, overwrite=True, marker="manifest.json")
+    # two renames: the old one's move aside is durable before the new one takes its name
+    assert synced == [staged[0], str(tmp_path), str(tmp_path)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_replacing_a_directory_on_linux_swaps_it_in_one_rename(tmp_path, monkeypatch):
+    probe_a, probe_b = tmp_path / "probe-a", tmp_path / "probe-b"
+    probe_a.mkdir()
+    probe_b.mkdir()
+    if not atomic._rename_exchange(probe_a, probe_b):
+        pytest.skip("this filesystem cannot exchange two directories")
+    target = tmp_path / "ckpt"
+    atomic.replace_dir(target, lambda d: (d / "m").write_text("1"), overwrite=False, marker="m")
+    monkeypatch.setattr(atomic, "_between_renames", lambda: pytest.fail("took the two-rename fallback"))
+    atomic.replace_dir(target, lambda d: (d / "m").write_text("2"), overwrite=True, marker="m")
+    assert (target / "m").read_text() == "2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "probe-a", "probe-b"]
+
+
+def test_one_names_leftovers_are_not_anothers(tmp_path, monkeypatch):
+    """A backup of ``a`` left by a swap cut short is ``a``'s alone: ``b`` neither resolves to it
+    nor gets it put back in its place by its next writer."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    atomic.replace_dir(a, lambda d: (d / "m").write_text("a1"), overwrite=False, marker="m")
+    monkeypatch.setattr(atomic, "_rename_exchange", lambda x, y: False)
+    monkeypatch.setattr(atomic, "_between_renames", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        atomic.replace_dir(a, lambda d: (d / "m").write_text("a2"), overwrite=True, marker="m")
+    assert not a.exists() and (atomic.resolve(a, "m") / "m").read_text() == "a1"
+    assert atomic.resolve(b, "m") is None
+    monkeypatch.setattr(atomic, "_between_renames", lambda: None)
+    atomic.replace_dir(b, lambda d: (d / "m").write_text("b1"), overwrite=False, marker="m")
+    assert (b / "m").read_text() == "b1"
+    assert (atomic.resolve(a, "m") / "m").read_text() == "a1"  # still there, still a's
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+@pytest.mark.parametrize("err,falls_back", [(errno.EINVAL, True), (errno.ENOSYS, True), (errno.EPERM, True),
+                                            (errno.EACCES, False), (errno.EXDEV, False)])
+def test_a_refused_exchange_falls_back_only_where_the_filesystem_cannot_do_it(tmp_path, monkeypatch, err,
+                                                                             falls_back):
+    """renameat2 failing because the kernel or filesystem lacks the exchange means: take the two
+    renames. Failing for any other reason (permissions, another device) is the writer's error."""
+    class Libc:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        @staticmethod
+        def renameat2(*args):
+            ctypes.set_errno(err)
+            return -1
+    monkeypatch.setattr(atomic.ctypes, "CDLL", Libc)
+    a, b = tmp_path / "a", tmp_path / "b"
+    if falls_back:
+        assert atomic._rename_exchange(a, b) is False
+    else:
+        with pytest.raises(OSError) as e:
+            atomic._rename_exchange(a, b)
+        assert e.value.errno == err
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_the_next_writer_restores_a_cut_short_swap_and_publishes_no_dead_writers_staging(tmp_path, monkeypatch):
+    """After a swap cut short between its renames the old directory sits under its backup name.
+    The next writer puts it back before it writes, so that it stays even if that writer fails too.
+    A dead writer's staging directory is removed, never published, even where it holds the marker
+    (it died before its swap: its content was never the target's)."""
+    a = tmp_path / "a"
+    atomic.replace_dir(a, lambda d: (d / "m").write_text("a1"), overwrite=False, marker="m")
+    monkeypatch.setattr(atomic, "_rename_exchange", lambda x, y: False)
+    monkeypatch.setattr(atomic, "_between_renames", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        atomic.replace_dir(a, lambda d: (d / "m").write_text("a2"), overwrite=True, marker="m")
+    monkeypatch.setattr(atomic, "_between_renames", lambda: None)
+
+    def broken(d):
+        raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError):
+        atomic.replace_dir(a, broken, overwrite=True, marker="m")
+    assert (a / "m").read_text() == "a1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+    b = tmp_path / "b"
+    dead = tmp_path / f".b.tmp-{_dead_pid()}-x"
+    dead.mkdir()
+    (dead / "m").write_text("never published")
+    with pytest.raises(RuntimeError):
+        atomic.replace_dir(b, broken, overwrite=False, marker="m")
+    assert not b.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
