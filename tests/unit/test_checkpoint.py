@@ -127,6 +127,27 @@ def test_a_failed_save_leaves_the_previous_checkpoint(single_rank, tmp_path, mon
     assert sorted(os.listdir(tmp_path)) == ["c"]  # no partial directory left behind
 
 
+def test_a_save_that_cannot_be_published_is_one_error_and_leaves_the_previous_checkpoint(
+        single_rank, tmp_path, monkeypatch):
+    """The data is written, then the publish fails (the disk fills up while the marker is
+    written, say): one CheckpointError naming the path, the previous checkpoint as it was, no
+    staging directory left."""
+    _, on, _ = build()
+    train(on, 1)
+    path = tmp_path / "c"
+    save(path, on)
+    old = ckpt.read_manifest(str(path))
+
+    def full(staging, target):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(atomic, "publish_dir", full)
+    train(on, 1)
+    with pytest.raises(ckpt.CheckpointError, match=f"cannot finish the checkpoint at {path}: No space left"):
+        save(path, on)
+    assert ckpt.read_manifest(str(path)) == old
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+
+
 def test_a_save_interrupted_while_publishing_leaves_a_checkpoint(single_rank, tmp_path, monkeypatch):
     """SIGINT the instant the previous checkpoint is renamed away (where publishing takes two
     renames): the path still loads, old or new, and the next save clears the leftovers."""
