@@ -131,9 +131,12 @@ def test_the_next_writer_restores_a_cut_short_swap_and_publishes_no_dead_writers
 
     def broken(d):
         raise RuntimeError("disk full")
+    synced = _fsync_spy(monkeypatch)
     with pytest.raises(RuntimeError):
         atomic.replace_dir(a, broken, overwrite=True, marker="m")
     assert (a / "m").read_text() == "a1"
+    if os.path.isdir("/proc/self/fd"):
+        assert synced == [str(tmp_path)]  # the put-back rename is durable before anything else happens
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
     b = tmp_path / "b"
