@@ -360,10 +360,8 @@ def write(rec: Record, dest: str | os.PathLike[str], *, overwrite: bool = False)
             p = staging / _tensor_file(step)
             write_snapshot(p, rec.tensors(step), {"parity.golden.scenario": rec.scenario, "parity.golden.step": str(step)})
             files[p.name] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-        with open(staging / MANIFEST_NAME, "w", encoding="utf-8") as f:
-            f.write(json.dumps(manifest(rec, files), indent=1, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        text = json.dumps(manifest(rec, files), indent=1, allow_nan=False) + "\n"
+        atomic.replace_file(staging / MANIFEST_NAME, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     try:
         atomic.replace_dir(target, fill, overwrite=overwrite, marker=MANIFEST_NAME)
