@@ -12,7 +12,13 @@ where Linux offers it, or with two renames otherwise (in between, :func:`resolve
 directory under its backup name). :func:`replace_dir` is the three in one process. An
 interruption at any point (SIGINT, SIGKILL, power loss) leaves the previous directory readable;
 the next writer removes the leftovers of dead writers and puts back a directory whose swap was
-cut short.
+cut short. A leftover's name carries its writer's host and pid: only a writer on that host can
+tell whether the pid is still alive, so a directory shared between hosts keeps another host's
+leftovers (its writer may be mid-swap) for a writer on that host to clear.
+
+What is written is as private as a plain ``open``/``mkdir`` would make it: files 0666 and
+directories 0777, less the process's umask (the kernel applies it; tempfile's private 0600/0700
+would hide shared results, a fixed 0644/0755 would expose what a umask of 077 keeps private).
 """
 
 from __future__ import annotations
@@ -22,14 +28,33 @@ import errno
 import os
 import re
 import shutil
+import socket
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["fsync_dir", "replace_file", "replace_dir", "staging_dir", "publish_dir", "resolve"]
 
-_LEFTOVER_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<writer>\d+)-")
+# ".NAME.KIND-HOST@PID-RANDOM"; names written before the host was recorded lack "HOST@"
+_LEFTOVER_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<host>[A-Za-z0-9_.]+)@)?(?P<writer>\d+)-")
+
+
+def _host() -> str:
+    """This host as a leftover's name carries it."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "localhost"
+
+
+def _unique_name(directory: str, base: str, make: Callable[[str], None]) -> str:
+    """``make(path)`` for a new ``directory/base-RANDOM``; ``make`` raises FileExistsError when the
+    path is taken (as ``os.mkdir`` and ``O_EXCL`` do), and another random suffix is tried."""
+    for _ in range(100):
+        path = os.path.join(directory, f"{base}-{os.urandom(4).hex()}")
+        try:
+            make(path)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", os.path.join(directory, base))
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -49,8 +74,8 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 def replace_file(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
     """Make ``path`` hold what ``write(tmp)`` writes into ``tmp``, a temporary file beside it.
 
-    The file is readable by all (0644, as a plain write makes it: results are shared), fsynced,
-    renamed over ``path``, and the directory is fsynced so that the rename survives a power loss.
+    The file has a plain write's mode (0666 less the umask), is fsynced, renamed over ``path``,
+    and the directory is fsynced so that the rename survives a power loss.
     If ``write`` or the filesystem fails, ``path`` keeps its old content and no temporary is left.
 
     Raises:
@@ -58,11 +83,12 @@ def replace_file(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
+    tmp = _unique_name(directory, f".{os.path.basename(path)}.tmp",
+                       lambda p: os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)))
     try:
+        mode = os.stat(tmp).st_mode & 0o777  # the umask applied: no need to read it (by setting it)
         write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        os.chmod(tmp, mode)  # a writer may have made its own file there (safetensors makes it 0600)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -95,11 +121,10 @@ def replace_dir(target: Path, fill: Callable[[Path], None], *, overwrite: bool, 
 
 
 def staging_dir(target: Path, marker: str) -> Path:
-    """A new empty directory beside ``target`` (hidden, named after it and this process) to fill
-    and then :func:`publish_dir`. The leftovers of ``target``'s dead writers go first; a backup
-    holding ``marker`` whose swap was cut short is put back at ``target``. The directory is
-    readable by all (0755, as :func:`replace_file`'s 0644: results are shared; mkdtemp makes it
-    private. Not from the umask: reading it means setting it, for every thread of the process).
+    """A new empty directory beside ``target`` (hidden, named after it, this host and this process;
+    a plain mkdir's mode) to fill and then :func:`publish_dir`. The leftovers of ``target``'s dead
+    writers on this host go first; a backup holding ``marker`` whose swap was cut short is put
+    back at ``target``.
 
     Raises:
         OSError: the filesystem refused.
@@ -107,9 +132,7 @@ def staging_dir(target: Path, marker: str) -> Path:
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     _cleanup_stale(parent, target.name, marker)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=parent))
-    os.chmod(staging, 0o755)
-    return staging
+    return Path(_unique_name(str(parent), f".{target.name}.tmp-{_host()}@{os.getpid()}", os.mkdir))
 
 
 def publish_dir(staging: Path, target: Path) -> None:
@@ -127,18 +150,18 @@ def resolve(target: Path, marker: str) -> Path | None:
     """The directory holding ``target``'s content: itself, or its moved-aside copy mid-swap."""
     if target.is_dir():
         return target
-    olds = [p for kind, _, p in leftovers(target.parent, target.name) if kind == "old" and (p / marker).is_file()]
+    olds = [p for kind, _, _, p in leftovers(target.parent, target.name) if kind == "old" and (p / marker).is_file()]
     return max(olds, key=lambda p: p.stat().st_mtime) if olds else None
 
 
-def leftovers(parent: Path, name: str | None = None) -> list[tuple[str, int, Path]]:
-    """(kind "tmp" or "old", writer pid, path) of the staging and backup directories in ``parent``
-    (of ``name``'s, or of every name when None)."""
+def leftovers(parent: Path, name: str | None = None) -> list[tuple[str, str | None, int, Path]]:
+    """(kind "tmp" or "old", writer's host or None where the name predates it, writer pid, path) of
+    the staging and backup directories in ``parent`` (of ``name``'s, or of every name when None)."""
     out = []
     for p in parent.iterdir() if parent.is_dir() else []:
         m = _LEFTOVER_RE.match(p.name)
         if m and (name is None or m["name"] == name) and p.is_dir():
-            out.append((m["kind"], int(m["writer"]), p))
+            out.append((m["kind"], m["host"], int(m["writer"]), p))
     return out
 
 
@@ -172,7 +195,7 @@ def _swap_into_place(staging: Path, target: Path) -> None:
     elif _rename_exchange(staging, target):
         shutil.rmtree(staging, ignore_errors=True)  # now holds the old directory
     else:  # two renames; in between, readers find the old directory under its backup name
-        backup = parent / f".{target.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
+        backup = parent / f".{target.name}.old-{_host()}@{os.getpid()}-{os.urandom(4).hex()}"
         os.rename(target, backup)
         fsync_dir(parent)
         _between_renames()
@@ -186,10 +209,10 @@ def _between_renames() -> None:
 
 
 def _cleanup_stale(parent: Path, name: str, marker: str) -> None:
-    target = parent / name
-    for kind, writer, path in sorted(leftovers(parent, name)):
-        if writer != os.getpid() and _pid_alive(writer):
-            continue
+    target, here = parent / name, _host()
+    for kind, host, writer, path in sorted(leftovers(parent, name), key=lambda t: (t[0], t[2], str(t[3]))):
+        if host not in (None, here) or (writer != os.getpid() and _pid_alive(writer)):
+            continue  # another host's writer, or a live one here: it may be mid-swap
         if kind == "old" and not target.exists() and (path / marker).is_file():
             os.rename(path, target)
             fsync_dir(parent)

@@ -30,6 +30,14 @@ def single_rank():
     yield
 
 
+@pytest.fixture
+def umask() -> int:
+    """This process's umask (read by setting it: no other thread of a test process creates files)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @pytest.fixture(autouse=True)
 def _one_cpu_filling_test_at_a_time(request, tmp_path_factory):
     """Under xdist, a test whose ranks fill the CPUs (marked ``ranks(n)``, n at least the CPUs this

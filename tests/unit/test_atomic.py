@@ -146,3 +146,56 @@ def test_the_next_writer_restores_a_cut_short_swap_and_publishes_no_dead_writers
     with pytest.raises(RuntimeError):
         atomic.replace_dir(b, broken, overwrite=False, marker="m")
     assert not b.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+@pytest.mark.parametrize("mask", [0o077, 0o002], ids=["umask-077", "umask-002"])
+def test_what_is_written_is_as_private_as_the_umask_says(tmp_path, mask):
+    """Files and directories get a plain open's and mkdir's mode: a umask of 077 keeps checkpoints,
+    goldens and reports private, one of 002 shares them with the group."""
+    def own_private_file(p):  # as safetensors writes: a file of its own, 0600, renamed over ``p``
+        os.close(os.open(p + ".own", os.O_WRONLY | os.O_CREAT, 0o600))
+        os.replace(p + ".own", p)
+    old = os.umask(mask)
+    try:
+        atomic.replace_file(tmp_path / "report.json", lambda p: open(p, "w").write("{}"))
+        atomic.replace_file(tmp_path / "snapshot", own_private_file)
+        atomic.replace_dir(tmp_path / "ckpt", lambda d: (d / "m").write_text("1"), overwrite=False, marker="m")
+        atomic.replace_dir(tmp_path / "ckpt", lambda d: atomic.replace_file(d / "m", lambda p: open(p, "w").write("2")),
+                           overwrite=True, marker="m")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "snapshot").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (tmp_path / "ckpt" / "m").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "ckpt" / "m").read_text() == "2"
+
+
+def test_another_hosts_leftovers_are_left_to_it(tmp_path, monkeypatch):
+    """A directory shared between hosts: a pid is only meaningful on its own host, so another
+    host's staging and backup are never removed or put back (its writer may be mid-swap), though
+    a reader still finds a backup of it. This host's dead writers' leftovers go, and so do those
+    named before the host was recorded."""
+    a = tmp_path / "a"
+    dead = _dead_pid()
+    here = atomic._host()
+    other_tmp = tmp_path / f".a.tmp-elsewhere@{dead}-x"
+    other_old = tmp_path / f".a.old-elsewhere@{dead}-y"
+    mine = tmp_path / f".a.tmp-{here}@{dead}-z"
+    unnamed = tmp_path / f".a.tmp-{dead}-w"
+    for d in (other_tmp, other_old, mine, unnamed):
+        d.mkdir()
+        (d / "m").write_text(d.name)
+    assert atomic.resolve(a, "m") == other_old  # mid-swap elsewhere: the old directory is readable
+    atomic.replace_dir(a, lambda d: (d / "m").write_text("new"), overwrite=True, marker="m")
+    assert (a / "m").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a", other_tmp.name, other_old.name])
+    assert [(k, h, w) for k, h, w, _ in sorted(atomic.leftovers(tmp_path), key=lambda t: t[0])] == [
+        ("old", "elsewhere", dead), ("tmp", "elsewhere", dead)]
+
+
+def test_a_staging_name_carries_this_host_and_pid(tmp_path, monkeypatch):
+    monkeypatch.setattr(atomic.socket, "gethostname", lambda: "node-7.cluster")
+    staging = atomic.staging_dir(tmp_path / "ckpt", "m")
+    assert staging.name.startswith(f".ckpt.tmp-node_7.cluster@{os.getpid()}-")
+    assert atomic.leftovers(tmp_path) == [("tmp", "node_7.cluster", os.getpid(), staging)]

@@ -148,7 +148,7 @@ def test_a_save_that_cannot_be_published_is_one_error_and_leaves_the_previous_ch
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
-def test_a_save_interrupted_while_publishing_leaves_a_checkpoint(single_rank, tmp_path, monkeypatch):
+def test_a_save_interrupted_while_publishing_leaves_a_checkpoint(single_rank, tmp_path, monkeypatch, umask):
     """SIGINT the instant the previous checkpoint is renamed away (where publishing takes two
     renames): the path still loads, old or new, and the next save clears the leftovers."""
     _, on, _ = build()
@@ -174,7 +174,7 @@ def test_a_save_interrupted_while_publishing_leaves_a_checkpoint(single_rank, tm
     save(path, on)  # the next writer tidies up
     assert sorted(os.listdir(tmp_path)) == ["c"]
     assert ckpt.read_manifest(str(path)) != old
-    assert path.stat().st_mode & 0o777 == 0o755  # shared, as a plain mkdir makes it (not mkdtemp's 0700)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~umask  # as a plain mkdir makes it (not mkdtemp's 0700)
 
 
 @pytest.mark.parametrize("damage", ["no-marker", "truncated", "flipped-bit", "missing-file", "bad-marker"])

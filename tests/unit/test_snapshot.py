@@ -61,7 +61,7 @@ def test_snapshot_filename():
         snapshot_filename(-1, 0)
 
 
-def test_round_trip_is_bit_exact(tmp_path):
+def test_round_trip_is_bit_exact(tmp_path, umask):
     cap = _capture()
     path = write_snapshot(tmp_path / "s" / snapshot_filename(1, 0), cap, {"scenario": "tiny", "step": "1"})
     tensors, md = read_snapshot(path)
@@ -72,7 +72,7 @@ def test_round_trip_is_bit_exact(tmp_path):
         assert tensors[k].is_contiguous()
         assert compare_tensors(v, tensors[k], k).equal, k  # bits, incl. -0 and NaN payload
     assert read_snapshot_metadata(path) == md
-    assert path.stat().st_mode & 0o777 == 0o644  # shared results: readable by all, as a plain write makes them
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain write makes it (not mkstemp's 0600)
     again = write_snapshot(str(tmp_path / "s" / snapshot_filename(2, 0)), cap)  # a str path as well as a Path
     assert again == tmp_path / "s" / snapshot_filename(2, 0) and set(read_snapshot(again)[0]) == set(cap)
 
