@@ -38,6 +38,7 @@ def _sum_ranks(ctx, scale):
     t = torch.tensor([float(ctx.rank + 1) * scale])
     dist.all_reduce(t)
     print(f"hello from rank {ctx.rank}")
+    print(f"last words of rank {ctx.rank}", end="")  # no newline: written, prefixed, as the rank exits
     return {
         "rank": ctx.rank,
         "world_size": ctx.world_size,
@@ -116,6 +117,35 @@ def _rank1_hangs(ctx):
     return ctx.rank
 
 
+def _rank0_tidies_up_when_stopped(ctx, out_dir):
+    """Rank 0 takes a moment to tidy up on SIGTERM, then dies of it; rank 1 fails once it has."""
+    armed = Path(out_dir, "armed")
+    if ctx.rank == 0:
+        def tidy(*_):
+            time.sleep(0.5)
+            Path(out_dir, "tidied").write_text("yes")
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signal.SIGTERM, tidy)
+        armed.write_text("yes")
+        while True:
+            time.sleep(0.05)
+    while not armed.exists():
+        time.sleep(0.05)
+    raise ValueError("boom from rank one")
+
+
+class _ExitsWhereUnpickled:
+    """An argument that ends the process that unpickles it: a rank, before its process group."""
+
+    def __reduce__(self):
+        return (os._exit, (9,))
+
+
+def _a_large_result(ctx):
+    return bytes([ctx.rank]) * (4 << 20)
+
+
 def _unpicklable_result(ctx):
     return (lambda: None) if ctx.rank == 0 else ctx.rank
 
@@ -186,7 +216,8 @@ def test_launch_results_in_rank_order(world_size, start_method, capfd, monkeypat
     _assert_no_orphans([r["pid"] for r in results])
     out = capfd.readouterr().out
     for rank in range(world_size):
-        assert f"[rank {rank}] hello from rank {rank}" in out
+        assert f"[rank {rank}] hello from rank {rank}\n" in out
+        assert f"[rank {rank}] last words of rank {rank}\n" in out
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
@@ -221,26 +252,45 @@ def test_a_rank_killed_by_sigsegv_prints_where(capfd):
 
 @pytest.mark.parametrize("start_method,world_size", [("spawn", 2), ("forkserver", 3)])
 def test_rank_that_raises(start_method, world_size, capfd):
-    cfg = LaunchConfig(world_size=world_size, start_method=start_method, deadline_s=120, grace_s=2)
+    # a long grace: the peers die of the SIGTERM at once, and the launcher must not wait it out
+    cfg = LaunchConfig(world_size=world_size, start_method=start_method, deadline_s=120, grace_s=90)
     failure, elapsed = _launch_expecting_failure(_rank1_raises, cfg)
     assert failure.exit_code == 3 and failure.rank == 1
     message = str(failure)
     assert message.startswith("rank 1 failed: raised ValueError: boom from rank one")
     assert "_rank1_raises" in message  # the rank's traceback, as text
     assert failure.failures[0].error == "ValueError: boom from rank one"
-    # the peers blocked in all_reduce were stopped, not waited for
+    # the peers blocked in all_reduce were stopped, not waited for (nor the grace period after)
     assert set(failure.stopped) | {f.rank for f in failure.failures} == set(range(world_size))
     assert elapsed < 60
     _assert_no_orphans(failure.pids.values())
     assert "Traceback" not in capfd.readouterr().err  # neither the rank nor the parent printed one
 
 
+def test_stopped_ranks_get_their_grace_period(tmp_path):
+    """SIGTERM first, SIGKILL only for a rank still there after grace_s: a rank that tidies up
+    on SIGTERM gets to finish."""
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120, grace_s=30)
+    failure, _ = _launch_expecting_failure(_rank0_tidies_up_when_stopped, cfg, str(tmp_path))
+    assert failure.rank == 1 and failure.stopped == [0]
+    assert (tmp_path / "tidied").read_text() == "yes"
+
+
 def test_rank_that_exits_mid_collective():
     cfg = LaunchConfig(world_size=3, start_method="forkserver", deadline_s=120, grace_s=2)
     failure, elapsed = _launch_expecting_failure(_rank1_exits_mid_collective, cfg)
     assert failure.rank == 1 and failure.failures[0].exitcode == 7
-    assert str(failure).startswith("rank 1 failed: exited with code 7")
+    assert str(failure).startswith("rank 1 failed: exited with code 7\n")  # once running: no "start-up"
     assert elapsed < 30
+    _assert_no_orphans(failure.pids.values())
+
+
+def test_a_rank_that_dies_before_its_process_group_is_said_to_have_died_starting():
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=120, grace_s=2)
+    failure, _ = _launch_expecting_failure(_sum_ranks, cfg, _ExitsWhereUnpickled())
+    assert failure.failures[0].exitcode == 9
+    assert str(failure).startswith(f"rank {failure.rank} failed: exited with code 9 during start-up "
+                                   "(before init_process_group returned)"), str(failure)
     _assert_no_orphans(failure.pids.values())
 
 
@@ -255,6 +305,14 @@ def test_hung_rank_is_ended_by_the_watchdog():
     assert "rank 1" in str(failure)
     assert elapsed < 30  # ended by the watchdog, not left hanging (start-up included: slow on a busy machine)
     _assert_no_orphans(failure.pids.values())  # rank 1 ignored SIGTERM: it took SIGKILL
+
+
+def test_a_result_larger_than_a_pipe_holds_comes_back():
+    """A rank's result goes through a pipe (64 KiB on Linux): the launcher reads it while the rank
+    runs, or the rank blocks in its send until the deadline. A scenario's result is larger than
+    that once it has a few steps of digests."""
+    cfg = LaunchConfig(world_size=2, start_method="forkserver", deadline_s=60)
+    assert launch(_a_large_result, cfg) == [bytes([0]) * (4 << 20), bytes([1]) * (4 << 20)]
 
 
 def test_unpicklable_result_is_a_rank_failure():
@@ -354,6 +412,45 @@ def test_unpicklable_fn_refused_before_spawning():
 def test_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LaunchConfig(**kwargs)
+
+
+@pytest.mark.parametrize("gpus,backend,local_ranks,want", [
+    (2, "nccl", 2, ["cuda:0", "cuda:1"]),
+    (1, "nccl", 2, "nccl needs one GPU per rank: 2 local ranks, 1 GPU(s) visible"),
+    (1, "gloo", 2, ["cuda:0", "cuda:0"]),  # gloo may share a GPU
+    (3, "nccl", 2, ["cuda:0", "cuda:1"]),
+    (0, "nccl", 1, "no CUDA device is visible"),
+])
+def test_each_local_rank_gets_its_own_gpu_where_nccl_needs_one(monkeypatch, gpus, backend, local_ranks, want):
+    """A CUDA rank's device, decided in the rank before its process group (any host: the GPU count
+    is stood in for). NCCL refuses two ranks on one GPU, so too few GPUs is one clear error at the
+    start, not a hang in the first collective."""
+    from parity.harness import launch as launch_mod
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(str(d)))
+    cfg = LaunchConfig(world_size=local_ranks, device="cuda", backend=backend)
+    if isinstance(want, str):
+        with pytest.raises(RuntimeError, match=want.replace("(", r"\(").replace(")", r"\)")):
+            launch_mod._rank_device(cfg, 0, local_ranks)
+        return
+    got = [str(launch_mod._rank_device(cfg, r, local_ranks)) for r in range(local_ranks)]
+    assert got == want and current == want  # and made current, for the kernels the rank launches
+
+
+def test_a_ranks_last_partial_line_is_flushed_before_it_exits():
+    """A rank ends with os._exit, which flushes nothing: its streams' buffers must be empty by then
+    (a rank's stdout to a pipe or file is block-buffered where PYTHONUNBUFFERED is not set)."""
+    import io
+
+    from parity.harness.launch import _PrefixedStream
+
+    raw = io.BytesIO()
+    stream = _PrefixedStream(io.TextIOWrapper(raw, encoding="utf-8", write_through=False), "[rank 3] ")
+    stream.write("done\nno newline")
+    stream.close_partial()
+    assert raw.getvalue() == b"[rank 3] done\n[rank 3] no newline\n"
 
 
 def test_free_port():
