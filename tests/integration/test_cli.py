@@ -252,6 +252,23 @@ def test_world_alone_derives_the_ep_that_fits(world, ep):
         assert notes == []
 
 
+def test_each_override_flag_sets_its_scenario_field():
+    """Every `parity run` flag that overrides a scenario key reaches that key, and the run's name
+    says so (a flag the parser lost, or one mapped to another key, fails here without a run)."""
+    flags = {"--recipe": ("mxfp8", "recipe", "mxfp8"), "--pair": ("force_sync", "pair", "force_sync"), "--steps": ("5", "steps", 5),
+             "--microbatches": ("2", "microbatches", 2), "--lr": ("0.003", "lr", 0.003),
+             "--seed": ("7", "seed", 7), "--bucket-size": ("1024", "bucket_size", 1024),
+             "--device": ("cuda", "device", "cuda"), "--resume-at": ("2", "resume_at", 2)}
+    for flag, (text, key, want) in flags.items():
+        s, _ = _overridden(flag, text)
+        assert getattr(s, key) == want, flag
+        assert s.name == f"default[{key}={want}]", (flag, s.name)
+    s, _ = _overridden("--overlap")
+    assert s.overlap is True and s.name == "default[overlap=True]"
+    s, _ = _overridden("--layout", "compact", scenario="padded-blockwise-overlap-pair")  # (FP8 gather: compact only)
+    assert s.layout == "compact" and s.name == "padded-blockwise-overlap-pair[layout=compact]"
+
+
 def test_dense_is_the_opposite_of_moe():
     s, notes = _overridden("--dense")
     assert (s.moe, s.ep, s.world) == (False, 1, 4)

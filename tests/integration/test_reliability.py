@@ -248,6 +248,21 @@ def test_nondeterministic_env_refused_by_golden_regen(tmp_path, tiny):
     assert not (tmp_path / "g" / "tiny").exists()
 
 
+def test_golden_show_needs_no_deterministic_environment():
+    """Only the golden actions that run scenarios are held to the determinism environment: `show`
+    reads files, and a CI job that shows goldens in a nondeterministic shell must not be refused."""
+    r = parity("golden", "show", "default", env=command_env(NCCL_ALGO="Tree"))
+    assert r.returncode == 0 and "nondeterministic" not in r.stderr and "default" in r.stdout, r.stdout + r.stderr
+
+
+def test_junit_in_an_unwritable_directory(tmp_path, tiny):
+    """--junit is written at the end of a run: a directory that takes no files (here /proc, which
+    refuses root too) is refused before any rank starts."""
+    r = parity("run", tiny, "--out", tmp_path / "o", "--junit", "/proc/self/j.xml")
+    check(r, 2, "--junit directory", "/proc/self", "not writable")
+    assert "[rank" not in r.stdout + r.stderr
+
+
 @pytest.mark.slow
 def test_allow_nondeterministic_runs_with_a_warning(tmp_path, tiny):
     r = parity("run", tiny, "--out", tmp_path / "o", "--quiet", "--allow-nondeterministic",
