@@ -51,6 +51,21 @@ def test_a_mark_leaves_work_on_another_stream_in_flight():
     side.synchronize()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_mark_waits_for_the_stacks_own_stream():
+    """A phase's time is its kernels' time: a mark waits for the stream the stacks compute on, or
+    the queued work would be charged to whatever phase next waits for it."""
+    dev = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=dev)
+    c = PhaseClock(dev)
+    c.start()
+    for _ in range(40):  # about 50 ms of GEMMs, queued at once on the current stream
+        a = a @ a.mT / 4096
+    c.stack_reached(0, "test", "forward")
+    assert torch.cuda.current_stream(dev).query(), "the mark did not wait for the stream's work"
+
+
 def test_merge_averages_ranks_per_step_and_reports_the_rest():
     r0 = {"build_s": 1.0, "timing": {-1: {"test": {"init": 0.0}}, 0: {"test": {"forward": 2.0}, "ref": {"forward": 1.0},
                                                                      "harness": {"capture_compare": 0.5}}}}
@@ -142,3 +157,68 @@ def test_start_parts_split_the_launch_to_entry_time():
     assert t["start_parts"]["device"] == 0.5
     assert "rank start-up 3.25 s (process 1.0, device 0.5, process group 1.5, handoff 0.25)" in "\n".join(
         timing_md("s", t, 5.0))
+
+
+def test_a_mark_before_the_account_opens_charges_nothing():
+    c = PhaseClock(torch.device("cpu"))
+    c.stack_reached(0, "test", "forward")  # no start() yet: nothing to measure from
+    assert c.to_dict() == {}
+
+
+def test_the_garbage_collectors_time_is_its_start_to_stop_spans(monkeypatch):
+    """Only the time between a collection's start and its stop counts; a stop without its start
+    (the timer installed mid-collection) adds nothing, and a forked rank starts from zero."""
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setitem(timing._GC, "s", 5.0)
+    monkeypatch.setitem(timing._GC, "started", 123.0)
+    timing.time_garbage_collection()
+    try:
+        assert timing._GC == {"s": 0.0, "started": None}
+        for phase, t in (("start", 1.0), ("stop", 3.0), ("stop", 4.0), ("start", 10.0), ("stop", 10.5)):
+            now[0] = t
+            timing._gc_timer(phase, {})
+        assert timing._GC["s"] == 2.5
+    finally:
+        import gc
+
+        gc.callbacks.remove(timing._gc_timer)
+
+
+def test_cpu_profiles_count_cpu_time_and_wall_profiles_count_waits_too(tmp_path):
+    import pstats
+    import time
+
+    def total(mode):
+        path = tmp_path / mode / "rank0.prof"
+        with timing.profiled(str(path), mode):
+            time.sleep(0.3)
+        return pstats.Stats(str(path)).total_tt
+
+    assert total("cpu") < 0.1 and total("wall") >= 0.3
+    ran = []
+    with timing.profiled(None):  # no path: no profile, the block still runs
+        ran.append(True)
+    assert ran == [True]
+
+
+def test_summary_says_how_the_ranks_started_and_ran():
+    def run(**rank):
+        return {"timing": {-1: {"test": {"init": 0.0}}, 0: {"test": {"forward": 1.0}},
+                           1: {"test": {"forward": 1.0}}}, **rank}
+
+    t = merge_timing([run(start_method="fork", cpus=[0], thread_policies=["batch"]),
+                      run(start_method="fork", cpus=[1], thread_policies=["batch"])], start_s=None)
+    assert t["bound_cpus"] == [0, 1] and t["thread_policies"] == ["batch"]
+    md = "\n".join(timing_md("s", t, 3.0))
+    assert ("rank start-up not measured, ranks started by fork, each on one CPU (0, 1), every thread "
+            "under SCHED_BATCH; both stacks built in 0.0 s; 2 steps") in md
+    assert "the rest" not in md  # not measured: no elapsed time to split
+    assert "| forward | 2.000 | 0.000 | 1.0000 | 0.0000 |" in md  # a phase only one side reported
+    assert "| backward |" not in md  # a phase neither side reported has no row
+    # a rank free to move (two CPUs) means the ranks were not each on one CPU
+    t = merge_timing([run(cpus=[0]), run(cpus=[0, 1], thread_policies=["other"])], start_s=1.0, elapsed_s=4.0)
+    assert t["bound_cpus"] is None and t["start_method"] is None
+    md = "\n".join(timing_md("s", t, 4.0))
+    assert "each on one CPU" not in md and "SCHED_BATCH" not in md and "ranks started by" not in md
+    assert "; the rest (construction checks, teardown, the parent's merge) 1.0 s;" in md
