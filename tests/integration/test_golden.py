@@ -615,3 +615,22 @@ def test_golden_check_skips_what_this_machine_cannot_run(tmp_path):
     assert "cuda-blockwise-dense-w1-overlap-off: skipped (needs CUDA)" in r.stdout
     n = r.stdout.count(": skipped (needs CUDA)")
     assert n >= 11 and f"0 run, {n} skipped, all pass" in r.stdout
+    # a golden whose scenario is gone fails the check of every scenario (not of named ones)
+    root = tmp_path / "g"
+    write(root, make_scenario({"name": "gone", "world": 2, "steps": 4, "golden_tensor_steps": [0, -1]}))
+    r = parity("golden", "check", "--device", "cuda", "--goldens", root, "--out", tmp_path / "o")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"gone: unused golden (no such scenario); remove {root / 'gone'}" in r.stdout
+    assert r.stdout.rstrip().endswith(f"0 run, {n} skipped, see above")
+
+
+@pytest.mark.parametrize("gpus,world,why", [(0, 1, "needs CUDA"), (1, 2, "needs 2 GPUs (1 visible)"), (2, 2, None),
+                                            (4, 2, None)])
+def test_a_cuda_scenario_is_runnable_with_a_gpu_per_rank(monkeypatch, gpus, world, why):
+    from parity.harness import goldens_cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    s = make_scenario({"name": "c", "world": world, "device": "cuda"})
+    assert goldens_cli.why_not_runnable(s) == why
+    assert goldens_cli.why_not_runnable(make_scenario({"name": "c", "world": world})) is None  # CPU: always
