@@ -183,6 +183,7 @@ def test_golden_check_passes_and_fails_on_one_changed_digest(tmp_path):
     shutil.copytree(src, root / "default" / src.name)
     r = parity("golden", "check", "default", "--steps", "2", "--goldens", str(root), "--out", str(tmp_path / "o"))
     assert r.returncode == 0 and "default[steps=2]: golden pass" in r.stdout, r.stdout + r.stderr
+    assert "drift report" not in r.stdout  # bit-identical: nothing to triage
     manifest = root / "default" / src.name / "manifest.json"
     m = json.loads(manifest.read_text())
     entry = m["ranks"]["2"]["tensors"]["optimizer/layers.1.attn.qkv.weight.master"]
@@ -194,6 +195,8 @@ def test_golden_check_passes_and_fails_on_one_changed_digest(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "first difference at step 1 / optimizer / layers.1.attn.qkv.weight.master / rank 2" in r.stdout
     assert "Traceback" not in r.stderr
+    report = tmp_path / "o" / "triage" / "default[steps=2]" / "triage.md"
+    assert f"  drift report: {report}" in r.stdout and report.is_file()  # a failed check is triaged
 
 
 def test_world_larger_than_gpu_count_is_refused_before_launch(monkeypatch):

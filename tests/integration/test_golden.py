@@ -586,8 +586,10 @@ def test_regen_check_and_triage_of_a_one_ulp_master_change(tmp_path):
     root = tmp_path / "g"
     r = parity("golden", "regen", scen, "--goldens", root)
     assert r.returncode == 1 and "golden created" in r.stdout and "not accepted" in r.stdout  # review first
+    accept = "goldens were written but not accepted: review the changes above, then rerun with --accept"
+    assert accept in r.stdout
     r = parity("golden", "regen", scen, "--goldens", root)
-    assert r.returncode == 0 and "golden unchanged" in r.stdout
+    assert r.returncode == 0 and "golden unchanged" in r.stdout and accept not in r.stdout
     r = parity("golden", "check", scen, "--goldens", root, "--steps", "2", "--out", tmp_path / "o")
     assert r.returncode == 0 and "tiny1[steps=2]: golden pass" in r.stdout, r.stdout + r.stderr
     # a one-ULP bump of the first Muon master after step 1's update; the golden stores step 1? no:
