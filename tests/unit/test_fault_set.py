@@ -61,3 +61,37 @@ def test_a_master_write_records_a_scale_fault_only_where_it_changes_the_scales(f
     edge = torch.full_like(w, 1e-37 if fault == Fault.FTZ_SUBNORMAL_SCALE_INV else 2.0)
     copy_master_to_param(p, edge, faults)
     assert fired == {fault}
+
+
+def test_injection_specs_parse_and_print_back():
+    from parity.harness.errors import UsageError
+    from parity.harness.faults import parse_injection
+
+    for spec in ("ulp:3:optimizer:*", "crash:1:2", "hang:0:5"):
+        assert str(parse_injection(spec)) == spec
+    u = parse_injection("ulp:3:optimizer:layers.0.attn.qkv.weight")
+    assert (u.kind, u.step, u.phase, u.param) == ("ulp", 3, "optimizer", "layers.0.attn.qkv.weight")
+    c = parse_injection("crash:1:2")
+    assert (c.kind, c.rank, c.step) == ("crash", 1, 2)
+    for bad, why in (("ulp:3:sideways:*", "unknown phase 'sideways'"), ("ulp:3:optimizer", "expected ulp:STEP"),
+                     ("crash:1", "expected ulp:STEP"), ("hang:x:1", "expected ulp:STEP")):
+        with pytest.raises(UsageError, match=why):
+            parse_injection(bad)
+
+
+def test_one_ulp_is_the_next_value_away_from_zero_in_every_dtype():
+    import torch
+
+    from parity.harness.faults import bump_one_ulp
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        t = torch.tensor([1.5, -2.0], dtype=dtype)
+        bump_one_ulp(t, 1)
+        assert t[0] == 1.5 and t[1] == torch.nextafter(torch.tensor(-2.0, dtype=dtype),
+                                                        torch.tensor(-4.0, dtype=dtype)), dtype
+    # raw FP8 bytes: the next code, but never onto NaN (0x7F / 0xFF in E4M3): from the largest
+    # finite code it steps back
+    raw = torch.tensor([0x10, 0x7E, 0xFE, 0x7D], dtype=torch.uint8)
+    for i in range(4):
+        bump_one_ulp(raw, i)
+    assert raw.tolist() == [0x11, 0x7D, 0xFD, 0x7E]
