@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -432,7 +433,7 @@ def test_each_local_rank_gets_its_own_gpu_where_nccl_needs_one(monkeypatch, gpus
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(str(d)))
     cfg = LaunchConfig(world_size=local_ranks, device="cuda", backend=backend)
     if isinstance(want, str):
-        with pytest.raises(RuntimeError, match=want.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(RuntimeError, match=re.escape(want)):
             launch_mod._rank_device(cfg, 0, local_ranks)
         return
     got = [str(launch_mod._rank_device(cfg, r, local_ranks)) for r in range(local_ranks)]
