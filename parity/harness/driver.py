@@ -7,10 +7,11 @@ into the scenario's entry and shares it, so every worker takes the same decision
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import socket
-import sys
+import tempfile
 import threading
 import time
 
@@ -24,16 +25,42 @@ from parity.harness.timing import profiled, rank_cpu, start_parts, time_garbage_
 _SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
 
 
-def _where(frame) -> tuple[bool, str]:
-    """(waiting in a torch.distributed call?, innermost parity frame) of a main-thread stack."""
-    in_collective, where = False, ""
-    while frame is not None:
-        fn = frame.f_code.co_filename.replace(os.sep, "/")
-        if "/torch/distributed/" in fn:
-            in_collective = True
-        if not where and "/parity/" in fn:
-            where = f"{os.path.basename(fn)}:{frame.f_lineno} {frame.f_code.co_name}"
-        frame = frame.f_back
+_THREAD_LINE = re.compile(r"(?:Current thread|Thread) 0x([0-9a-fA-F]+)")
+_FRAME_LINE = re.compile(r'  File "(.*)", line (\d+|\?\?\?) in (.*)')
+
+
+def _thread_stack(dump: str, thread_id: int) -> list[tuple[str, str, str]]:
+    """(file, line, function) of one thread's frames, innermost first, from a faulthandler dump."""
+    frames, mine = [], False
+    for line in dump.splitlines():
+        header = _THREAD_LINE.match(line)
+        if header:
+            mine = int(header.group(1), 16) == thread_id
+        elif mine and (frame := _FRAME_LINE.fullmatch(line)):
+            frames.append(frame.groups())
+    return frames
+
+
+def _read_stack(scratch: int, thread_id: int) -> list[tuple[str, str, str]]:
+    """Another thread's stack, read by faulthandler into the file ``scratch``.
+
+    faulthandler walks the interpreter's frames in C, under the GIL, making no frame objects.
+    Walking them from Python instead (``sys._current_frames()`` and ``f_back``) holds frame
+    objects of a running thread across GIL switches, and CPython 3.11 can crash on that: a CI
+    rank died of SIGSEGV in such a walk while its main thread imported sympy."""
+    os.lseek(scratch, 0, os.SEEK_SET)
+    os.ftruncate(scratch, 0)
+    faulthandler.dump_traceback(scratch, all_threads=True)
+    size = os.lseek(scratch, 0, os.SEEK_CUR)
+    return _thread_stack(os.pread(scratch, size, 0).decode("ascii", "replace"), thread_id)
+
+
+def _where(stack: list[tuple[str, str, str]]) -> tuple[bool, str]:
+    """(waiting in a torch.distributed call?, innermost parity frame) of a stack, innermost
+    first."""
+    in_collective = any("/torch/distributed/" in fn.replace(os.sep, "/") for fn, _, _ in stack)
+    where = next((f"{os.path.basename(fn)}:{line} {func}" for fn, line, func in stack
+                  if "/parity/" in fn.replace(os.sep, "/")), "")
     return in_collective, where
 
 
@@ -77,16 +104,17 @@ def rank_main_with_heartbeat(ctx, scenario, opts):
     main_id = threading.get_ident()
 
     def watch():
-        while True:
-            time.sleep(_SAMPLE_S)
-            try:
-                in_collective, where = _where(sys._current_frames().get(main_id))
-                with lock:
-                    if (in_collective, where) != (state["in_collective"], state["where"]):
-                        state.update(in_collective=in_collective, where=where)
-                        flush()
-            except Exception:
-                return  # diagnostics only: never disturb the run
+        try:
+            with tempfile.TemporaryFile() as scratch:
+                while True:
+                    time.sleep(_SAMPLE_S)
+                    in_collective, where = _where(_read_stack(scratch.fileno(), main_id))
+                    with lock:
+                        if (in_collective, where) != (state["in_collective"], state["where"]):
+                            state.update(in_collective=in_collective, where=where)
+                            flush()
+        except Exception:
+            return  # diagnostics only: never disturb the run
 
     runner.HEARTBEAT = beat
     beat(-1, "build")

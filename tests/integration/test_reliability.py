@@ -11,6 +11,7 @@ Runs use a tiny scenario (world 2, 2 steps, a one-layer model) written into tmp_
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -315,6 +316,8 @@ def test_hung_rank_is_named_not_its_peer(tmp_path, tiny, marker):
     f = e["failure"]
     assert (f["rank"], f["step"], f["kind"]) == (0, 1, "hang"), f
     assert "hang" in f["reason"] and "rank(s) 1 timed out" in f["reason"], f
+    # the hung rank's watcher placed it at the fault's sleep, in the runner's step
+    assert re.search(r"\(hang\) in runner\.py:\d+ _run_step: ", f["reason"]), f["reason"]
     assert f["heartbeats"]["1"]["in_collective"] and not f["heartbeats"]["0"]["in_collective"]
     assert "rank 0 failed at step 1" in r.stdout
 

@@ -1,0 +1,60 @@
+"""The rank's watcher thread: where its main thread is, read without touching its frames."""
+
+import os
+import tempfile
+import threading
+
+from parity.harness import driver
+
+PARITY = os.path.dirname(driver.__file__)
+
+
+def _parked_in_marker_function(ready, release):
+    ready.set()
+    release.wait(30)
+
+
+def test_another_threads_stack_is_read_innermost_first():
+    ready, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=_parked_in_marker_function, args=(ready, release))
+    t.start()
+    try:
+        assert ready.wait(30)
+        with tempfile.TemporaryFile() as scratch:
+            first = driver._read_stack(scratch.fileno(), t.ident)
+            second = driver._read_stack(scratch.fileno(), t.ident)  # the scratch file is reused
+    finally:
+        release.set()
+        t.join()
+    funcs = [func for _, _, func in first]
+    # innermost first: threading's wait, then the function that called it, then the thread's start
+    assert "_parked_in_marker_function" in funcs
+    assert funcs.index("wait") < funcs.index("_parked_in_marker_function") < funcs.index("run")
+    here = [(fn, line) for fn, line, func in first if func == "_parked_in_marker_function"]
+    assert here == [(__file__, str(_parked_in_marker_function.__code__.co_firstlineno + 2))]
+    assert second == first
+    # this thread's own frames are not taken for the other's
+    assert "test_another_threads_stack_is_read_innermost_first" not in funcs
+
+
+def test_a_stack_is_taken_from_its_own_thread_only():
+    dump = ("Thread 0x00000000000000aa (most recent call first):\n"
+            '  File "/x/parity/a.py", line 3 in f\n'
+            "\n"
+            "Current thread 0x00000000000000bb (most recent call first):\n"
+            '  File "/x/parity/b.py", line 7 in g\n'
+            '  File "/x/torch/distributed/c.py", line ??? in h\n'
+            "  ...\n")
+    assert driver._thread_stack(dump, 0xaa) == [("/x/parity/a.py", "3", "f")]
+    assert driver._thread_stack(dump, 0xbb) == [("/x/parity/b.py", "7", "g"),
+                                                  ("/x/torch/distributed/c.py", "???", "h")]
+    assert driver._thread_stack(dump, 0xcc) == []
+
+
+def test_where_names_the_innermost_parity_frame_and_a_wait_in_torch_distributed():
+    stack = [("/site/torch/distributed/distributed_c10d.py", "10", "all_reduce"),
+             (f"{PARITY}/runner.py", "42", "step"),
+             (f"{PARITY}/driver.py", "99", "rank_main")]
+    assert driver._where(stack) == (True, "runner.py:42 step")
+    assert driver._where(stack[1:]) == (False, "runner.py:42 step")
+    assert driver._where([("/site/torch/nn/modules/module.py", "1", "forward")]) == (False, "")
