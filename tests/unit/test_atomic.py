@@ -197,5 +197,23 @@ def test_another_hosts_leftovers_are_left_to_it(tmp_path, monkeypatch):
 def test_a_staging_name_carries_this_host_and_pid(tmp_path, monkeypatch):
     monkeypatch.setattr(atomic.socket, "gethostname", lambda: "node-7.cluster")
     staging = atomic.staging_dir(tmp_path / "ckpt", "m")
-    assert staging.name.startswith(f".ckpt.tmp-node_7.cluster@{os.getpid()}-")
-    assert atomic.leftovers(tmp_path) == [("tmp", "node_7.cluster", os.getpid(), staging)]
+    assert staging.name.startswith(f".ckpt.tmp-node-7.cluster@{os.getpid()}-")
+    assert atomic.leftovers(tmp_path) == [("tmp", "node-7.cluster", os.getpid(), staging)]
+
+
+@pytest.mark.parametrize("name", ["node_7", "node 7", "nöde-7"])
+def test_hosts_whose_names_differ_in_odd_characters_keep_apart(tmp_path, monkeypatch, name):
+    """Hosts named node-7 and node_7 (or with a space, or a non-ASCII letter) sharing a directory:
+    each host's name in a leftover is its own, so neither takes the other's leftovers for its
+    own dead writer's."""
+    dead = _dead_pid()
+    monkeypatch.setattr(atomic.socket, "gethostname", lambda: "node-7")
+    theirs = tmp_path / f".a.tmp-{atomic._host()}@{dead}-x"
+    theirs.mkdir()
+    monkeypatch.setattr(atomic.socket, "gethostname", lambda: name)
+    here = atomic._host()
+    assert here != "node-7" and atomic.leftovers(tmp_path) == [("tmp", "node-7", dead, theirs)]
+    atomic.replace_dir(tmp_path / "a", lambda d: (d / "m").write_text("new"), overwrite=False, marker="m")
+    assert theirs.is_dir()  # not this host's: left alone
+    staging = atomic.staging_dir(tmp_path / "b", "m")
+    assert [h for _, h, _, p in atomic.leftovers(tmp_path) if p == staging] == [here]
