@@ -49,9 +49,8 @@ def _read_stack(scratch: int, thread_id: int) -> list[tuple[str, str, str]]:
     objects of a running thread across GIL switches, and CPython 3.11 can crash on that: a CI
     rank died of SIGSEGV in such a walk while its main thread imported sympy."""
     os.lseek(scratch, 0, os.SEEK_SET)
-    os.ftruncate(scratch, 0)
     faulthandler.dump_traceback(scratch, all_threads=True)
-    size = os.lseek(scratch, 0, os.SEEK_CUR)
+    size = os.lseek(scratch, 0, os.SEEK_CUR)  # an earlier, longer dump's tail lies past this
     return _thread_stack(os.pread(scratch, size, 0).decode("ascii", "replace"), thread_id)
 
 
