@@ -272,3 +272,30 @@ def test_two_microbatches_of_one_batch_accumulate_one_microbatchs_grads(single_r
     model = GPT(make_scenario({"name": "t"}).model_config(), recipe="blockwise", fp8_param=True, seed=0)
     fp8 = {f"grad_reduce/{n}" for n, p in model.named_parameters() if is_quantized_param(p)}
     assert fp8 and {k for k in once if lost[k] != once[k]} == fp8  # exactly the FP8 linears' weights
+
+
+def test_offs_weight_quantization_is_charged_to_its_forward(single_rank, monkeypatch):
+    """Where the time goes: OFF quantizes each FP8 weight in its forward (ON's persist as FP8),
+    so that time is forward work, not the param_sync its capture reports, even where the forward
+    captures the last step's params. Each quantization is made slow here to be seen."""
+    import time
+
+    from parity.model import fp8_linear
+
+    delay, quantize = 0.02, fp8_linear.quantize_weight
+
+    def slow(w, recipe):
+        time.sleep(delay)
+        return quantize(w, recipe)
+
+    monkeypatch.setattr(fp8_linear, "quantize_weight", slow)
+    res = run(single_rank, steps=2, recipe="blockwise")
+    assert not failures(res)[0] and not failures(res)[1]
+    model = GPT(make_scenario({"name": "t"}).model_config(), recipe="blockwise", fp8_param=False, seed=0)
+    quantized_per_forward = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
+    assert quantized_per_forward > 0
+    slow_s = quantized_per_forward * delay
+    # step 1's forward captures step 0's param_sync (step 0's forward captures nothing)
+    assert res["timing"][1]["ref"]["forward"] >= slow_s, res["timing"][1]
+    for step in range(2):
+        assert res["timing"][step]["ref"].get("param_sync", 0.0) < slow_s / 2, res["timing"][step]
