@@ -80,7 +80,14 @@ def test_padded_layout_bounds_are_inclusive():
 
     The packing cap is "stays within": x (16x28, cost 28*16^2 = 7168) goes first, onto shard 0;
     y (512, cost 512) fits only shard 1; z (320) ends exactly at the cap (1280/2*1.3 = 832) on
-    shard 1, whose cost is the lower, so it goes there and not onto shard 0, where it also fits."""
+    shard 1, whose cost is the lower, so it goes there and not onto shard 0, where it also fits.
+
+    Absorbing into padding is "stays within" too: with bucket_size 1, dp 2 and backprop order
+    p (512), q (128), r (320), s (64), the chunk holds 960 >= 0.9*2*512 when s comes, with the
+    estimate [512, 448]; 448 + 64 is exactly the fullest shard's 512, so s is absorbed."""
+    s_, r_, q_, p_ = _params(64, 320, 128, 512)
+    lay = padded_layer_wise_layout([s_, r_, q_, p_], bucket_size=1, dp=2)
+    assert len(lay.buckets) == 1 and {lay.index[p][2] for p in (p_, q_, r_, s_)} == {0}
     c, b, a = _params(64, 64, 64)
     lay = padded_layer_wise_layout([c, b, a], bucket_size=128, dp=2)
     assert lay.buckets == [(0, 128), (128, 256)]
