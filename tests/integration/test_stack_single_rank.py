@@ -274,28 +274,41 @@ def test_two_microbatches_of_one_batch_accumulate_one_microbatchs_grads(single_r
     assert fp8 and {k for k in once if lost[k] != once[k]} == fp8  # exactly the FP8 linears' weights
 
 
-def test_offs_weight_quantization_is_charged_to_its_forward(single_rank, monkeypatch):
-    """Where the time goes: OFF quantizes each FP8 weight in its forward (ON's persist as FP8),
-    so that time is forward work, not the param_sync its capture reports, even where the forward
-    captures the last step's params. Each quantization is made slow here to be seen."""
+@pytest.mark.parametrize("overlap", [False, True], ids=["no-overlap", "overlap"])
+def test_forward_work_is_charged_to_the_forward_not_to_the_param_sync_it_captures(single_rank, monkeypatch,
+                                                                                   overlap):
+    """Where the time goes: a forward that captures the last step's params reports param_sync
+    from inside it, and only the time spent bringing the params in (the pre-hooks' gathers) may
+    be charged to param_sync. Forward work stays forward work: OFF's on-the-fly quantization of
+    each FP8 weight (ON's persist as FP8) and each FP8 linear's GEMM. Both are made slow here to
+    be seen; under overlap the pre-hooks run inside the forward, so the forward so far is charged
+    before each module's pre-hooks begin."""
     import time
 
     from parity.model import fp8_linear
 
-    delay, quantize = 0.02, fp8_linear.quantize_weight
+    delay, quantize, forward = 0.02, fp8_linear.quantize_weight, fp8_linear.FP8Linear.forward
 
-    def slow(w, recipe):
+    def slow_quantize(w, recipe):
         time.sleep(delay)
         return quantize(w, recipe)
 
-    monkeypatch.setattr(fp8_linear, "quantize_weight", slow)
-    res = run(single_rank, steps=2, recipe="blockwise")
+    def slow_forward(module, x):
+        out = forward(module, x)
+        time.sleep(delay)  # after the weight is in hand: the GEMM's part of the forward
+        return out
+
+    monkeypatch.setattr(fp8_linear, "quantize_weight", slow_quantize)
+    monkeypatch.setattr(fp8_linear.FP8Linear, "forward", slow_forward)
+    res = run(single_rank, steps=2, recipe="blockwise", overlap=overlap)
     assert not failures(res)[0] and not failures(res)[1]
     model = GPT(make_scenario({"name": "t"}).model_config(), recipe="blockwise", fp8_param=False, seed=0)
-    quantized_per_forward = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
-    assert quantized_per_forward > 0
-    slow_s = quantized_per_forward * delay
+    linears = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
+    assert linears > 0
+    slow_s = linears * delay
     # step 1's forward captures step 0's param_sync (step 0's forward captures nothing)
-    assert res["timing"][1]["ref"]["forward"] >= slow_s, res["timing"][1]
+    assert res["timing"][1]["ref"]["forward"] >= 2 * slow_s, res["timing"][1]
+    assert res["timing"][1]["test"]["forward"] >= slow_s, res["timing"][1]
     for step in range(2):
-        assert res["timing"][step]["ref"].get("param_sync", 0.0) < slow_s / 2, res["timing"][step]
+        for side in ("ref", "test"):
+            assert res["timing"][step][side].get("param_sync", 0.0) < slow_s / 2, (side, res["timing"][step])
