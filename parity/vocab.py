@@ -100,6 +100,7 @@ class Fault(StrEnum):
     FP32_MASTER_DIRECT_TO_FP8 = "fp32-master-direct-to-fp8"
     MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS = "merge-allreduce-and-reduce-scatter-buckets"
     GATHER_PAYLOAD_NOT_ZEROED = "gather-payload-not-zeroed"
+    FP8_STAGED_PAYLOAD_NOT_ZEROED = "fp8-staged-payload-not-zeroed"
     STAGING_NOT_PERSISTED = "staging-not-persisted"
     ROUTING_PREDICATE_MISMATCH = "routing-predicate-mismatch"
     UINT8_DISTOPT_BUFFER_NEXT_TO_LAYERWISE = "uint8-distopt-buffer-next-to-layerwise"

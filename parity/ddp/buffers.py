@@ -306,7 +306,7 @@ class BucketGroup:
                     staged = not staged
                 param_sync.copy_back_all(b.layerwise_lists, flat, sizes, staged, my, self.faults)
                 b.gather_slots = None
-                if not _keep_payload(self.faults, source):
+                if not _keep_payload(self.faults, source, b.layerwise_fp8_staged):
                     b.grad_data.zero_()
         for b in self.buckets:
             b.gather_send = None
@@ -322,8 +322,9 @@ class BucketGroup:
         self.param_gather_pending = False
 
 
-def _keep_payload(faults, source) -> bool:
+def _keep_payload(faults, source, fp8_staged) -> bool:
     return (Fault.GATHER_PAYLOAD_NOT_ZEROED in faults
+            or (fp8_staged and Fault.FP8_STAGED_PAYLOAD_NOT_ZEROED in faults)
             or (source == FORCE_SYNC and Fault.FORCE_SYNC_PAYLOAD_NOT_ZEROED in faults))
 
 

@@ -39,6 +39,9 @@ CATALOGUE = {
     Fault.FP32_MASTER_DIRECT_TO_FP8: ("FP8 param written as Q(fp32 master) instead of Q(bf16(master))", 13),
     Fault.MERGE_ALLREDUCE_AND_REDUCE_SCATTER_BUCKETS: ("all-reduce and reduce-scatter buckets merged in one group", 14),
     Fault.GATHER_PAYLOAD_NOT_ZEROED: ("grad buffer keeps the gather payload after the copy-back", 16),
+    Fault.FP8_STAGED_PAYLOAD_NOT_ZEROED: ("an FP8-staged bucket (ON's path only) keeps the gather payload after the "
+                                          "requantizing copy-back: the first microbatch's FP8 wgrad overwrites it, "
+                                          "so ON == OFF and only ON's own buffers show it", 16),
     Fault.STAGING_NOT_PERSISTED: ("copy-back re-derives the staging decision instead of reading the persisted one", 9),
     Fault.ROUTING_PREDICATE_MISMATCH: ("buffer routing ignores use_muon=False: a 2-D Adam param lands in a "
                                    "LayerWise buffer that no optimizer steps", 21),
