@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import string
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,13 +40,15 @@ __all__ = ["fsync_dir", "replace_file", "replace_dir", "staging_dir", "publish_d
 _LEFTOVER_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<host>[A-Za-z0-9_.-]+)@)?(?P<writer>\d+)-")
 
 
+_HOST_CHARS = frozenset(string.ascii_letters + string.digits + ".-")
+
+
 def _host() -> str:
     """This host as a leftover's name carries it: letters, digits, ``.`` and ``-`` as they are,
     any other byte as ``_XX`` (hex), so that two hosts never share a name (``node_7`` is not
     ``node-7``: each must leave the other's leftovers alone)."""
     name = socket.gethostname() or "localhost"
-    return "".join(c if re.fullmatch(r"[A-Za-z0-9.-]", c) else "".join(f"_{b:02x}" for b in c.encode())
-                   for c in name)
+    return "".join(c if c in _HOST_CHARS else "".join(f"_{b:02x}" for b in c.encode()) for c in name)
 
 
 def _unique_name(directory: str, base: str, make: Callable[[str], None]) -> str:

@@ -57,9 +57,9 @@ def _read_stack(scratch: int, thread_id: int) -> list[tuple[str, str, str]]:
 def _where(stack: list[tuple[str, str, str]]) -> tuple[bool, str]:
     """(waiting in a torch.distributed call?, innermost parity frame) of a stack, innermost
     first."""
-    in_collective = any("/torch/distributed/" in fn.replace(os.sep, "/") for fn, _, _ in stack)
-    where = next((f"{os.path.basename(fn)}:{line} {func}" for fn, line, func in stack
-                  if "/parity/" in fn.replace(os.sep, "/")), "")
+    stack = [(fn.replace(os.sep, "/"), line, func) for fn, line, func in stack]
+    in_collective = any("/torch/distributed/" in fn for fn, _, _ in stack)
+    where = next((f"{os.path.basename(fn)}:{line} {func}" for fn, line, func in stack if "/parity/" in fn), "")
     return in_collective, where
 
 

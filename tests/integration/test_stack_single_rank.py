@@ -1,13 +1,15 @@
 """ON == OFF at world 1, in this process: every phase compared, bit for bit, and each comparison
 shown to fail when one bit of one tensor moves."""
 
+import time
+
 import pytest
 import torch
 
 from parity.harness.faults import Injection
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import make_scenario
-from parity.model import GPT, ModelConfig, is_quantized_param
+from parity.model import GPT, ModelConfig, fp8_linear, is_quantized_param
 from parity.vocab import STEP_PHASES, Fault
 
 
@@ -187,8 +189,6 @@ def test_a_phase_reported_at_the_first_step_only_is_caught(single_rank):
 def test_time_in_a_capturing_forward_is_charged_to_the_phase_that_spent_it(single_rank, monkeypatch, overlap):
     # Params are captured inside the next forward. A sleep after every module's forward must count
     # as forward; one inside the DDP's pre-hooks (the overlapped gather) as gather (param_sync).
-    import time
-
     from torch.nn.modules.module import register_module_forward_hook
 
     from parity.ddp.ddp import DDP
@@ -282,11 +282,8 @@ def test_forward_work_is_charged_to_the_forward_not_to_the_param_sync_it_capture
     be charged to param_sync. Forward work stays forward work: OFF's on-the-fly quantization of
     each FP8 weight (ON's persist as FP8) and each FP8 linear's GEMM. Both are made slow here to
     be seen; under overlap the pre-hooks run inside the forward, so the forward so far is charged
-    before each module's pre-hooks begin."""
-    import time
-
-    from parity.model import fp8_linear
-
+    before each module's pre-hooks begin. (The test above bounds param_sync by the whole run's
+    totals with half a second of slack, too loose to see these per-forward charges.)"""
     delay, quantize, forward = 0.02, fp8_linear.quantize_weight, fp8_linear.FP8Linear.forward
 
     def slow_quantize(w, recipe):
@@ -301,7 +298,7 @@ def test_forward_work_is_charged_to_the_forward_not_to_the_param_sync_it_capture
     monkeypatch.setattr(fp8_linear, "quantize_weight", slow_quantize)
     monkeypatch.setattr(fp8_linear.FP8Linear, "forward", slow_forward)
     res = run(single_rank, steps=2, recipe="blockwise", overlap=overlap)
-    assert not failures(res)[0] and not failures(res)[1]
+    assert not any(failures(res)), failures(res)
     model = GPT(make_scenario({"name": "t"}).model_config(), recipe="blockwise", fp8_param=False, seed=0)
     linears = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
     assert linears > 0

@@ -85,9 +85,9 @@ def test_padded_layout_bounds_are_inclusive():
     Absorbing into padding is "stays within" too: with bucket_size 1, dp 2 and backprop order
     p (512), q (128), r (320), s (64), the chunk holds 960 >= 0.9*2*512 when s comes, with the
     estimate [512, 448]; 448 + 64 is exactly the fullest shard's 512, so s is absorbed."""
-    s_, r_, q_, p_ = _params(64, 320, 128, 512)
-    lay = padded_layer_wise_layout([s_, r_, q_, p_], bucket_size=1, dp=2)
-    assert len(lay.buckets) == 1 and {lay.index[p][2] for p in (p_, q_, r_, s_)} == {0}
+    s, r, q, p = _params(64, 320, 128, 512)
+    lay = padded_layer_wise_layout([s, r, q, p], bucket_size=1, dp=2)
+    assert len(lay.buckets) == 1 and {lay.index[t][2] for t in (p, q, r, s)} == {0}
     c, b, a = _params(64, 64, 64)
     lay = padded_layer_wise_layout([c, b, a], bucket_size=128, dp=2)
     assert lay.buckets == [(0, 128), (128, 256)]
