@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--junit", metavar="FILE")
     r.add_argument("--fail-fast", action="store_true")
     r.add_argument("--inject", action="append", default=[], metavar="FAULT",
-                   help="ulp:STEP:PHASE:PARAM | crash:RANK:STEP | hang:RANK:STEP | a catalogue fault")
+                   help="ulp:STEP:PHASE:PARAM | crash:RANK:STEP[:PHASE] | hang:RANK:STEP[:PHASE] | a catalogue fault")
     r.add_argument("--timeout", type=_positive_float, default=60.0, help="collective timeout in seconds")
     r.add_argument("--allow-nondeterministic", action="store_true",
                    help="run even if the determinism environment contradicts the contract")
@@ -524,7 +524,7 @@ def cmd_run(args, argv) -> int:
         raise RuntimeFailure(f"cannot write the report to {out!r}: {e.strerror or e}") from None
     status = rep.overall_status(entries)
     ran = [e for e in entries if e["status"] != "error"]
-    vacuous = [name for name in dict.fromkeys(str(i) for i in injections if i.kind == "fault")
+    vacuous = [name for name in dict.fromkeys(str(i) for i in injections if i.kind != "ulp")
                if ran and all(name in not_fired[e["name"]] for e in ran)]
     if vacuous and status != "error":  # a pass would read as "the checks missed it"
         from parity.harness.errors import ConfigError
@@ -561,10 +561,13 @@ def _overlap_words(s) -> str:
 
 def _not_fired(injections, entry) -> list[str]:
     """The injected catalogued faults whose deviation never ran in this scenario's run, as the
-    ranks' stacks recorded it (parity.vocab.FaultSet); an errored run tells nothing."""
+    ranks' stacks recorded it (parity.vocab.FaultSet), and every crash or hang of a run that ended
+    (one that fired ends it in an error: a run that finished never reached its step and phase);
+    an errored run tells nothing."""
     if entry["status"] == "error":
         return []
-    return [str(i) for i in injections if i.kind == "fault" and str(i) not in entry.get("faults_fired", ())]
+    return [str(i) for i in injections
+            if i.kind in ("crash", "hang") or i.kind == "fault" and str(i) not in entry.get("faults_fired", ())]
 
 
 def _print_entry(e, quiet):

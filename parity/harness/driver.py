@@ -21,6 +21,7 @@ from parity.harness.launch import LaunchConfig, RankFailure, launch, thread_ids,
 from parity.harness.runner import RunOptions, rank_main
 from parity.harness.scenario import Scenario
 from parity.harness.timing import profiled, rank_cpu, start_parts, time_garbage_collection
+from parity.vocab import STEP_PHASES
 
 _SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
 
@@ -165,6 +166,8 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
         failure = _place_failure(e, e.statuses)
         step = failure["step"]
         when = f"at step {step}" if isinstance(step, int) and step >= 0 else "during start-up"
+        if failure["phase"] in STEP_PHASES:  # the heartbeat's phase: the last one the test side reported
+            when += f", after {failure['phase']}"
         msg = f"rank {failure['rank']} failed {when} ({failure['reason']})"
         return rep.error_entry(scenario, msg, time.perf_counter() - t0, failure), []
     if not under_torchrun():

@@ -4,7 +4,9 @@ and harness-level injections.
 ``--inject`` accepts:
 - ``ulp:STEP:PHASE:PARAM``: after PHASE of STEP, move one element of the live tensor of the stack
   under test by one ULP (PARAM as reports name it; ``*``: the first Muon-managed matrix).
-- ``crash:RANK:STEP`` / ``hang:RANK:STEP``: that rank dies / stops answering at that step.
+- ``crash:RANK:STEP[:PHASE]`` / ``hang:RANK:STEP[:PHASE]``: that rank dies / stops answering at
+  the start of that step, or, with PHASE, right after the stack under test reports that phase of
+  it (mid-step: its peers are then waiting for it inside the step's collectives).
 - a catalogue name (see CATALOGUE): the stack under test runs with that fix reverted; a shared
   fault (SHARED_FAULTS) goes into both stacks. The stacks record which faults took their deviation
   (parity.vocab.FaultSet); `parity run` refuses, after the run, a fault that took it nowhere.
@@ -204,7 +206,7 @@ class Injection:
         if self.kind == "ulp":
             return f"ulp:{self.step}:{self.phase}:{self.param}"
         if self.kind in ("crash", "hang"):
-            return f"{self.kind}:{self.rank}:{self.step}"
+            return f"{self.kind}:{self.rank}:{self.step}" + (f":{self.phase}" if self.phase else "")
         return str(self.name)
 
 
@@ -215,20 +217,27 @@ def parse_injection(spec: str) -> Injection:
             if len(parts) != 4:
                 raise ValueError
             _, step, phase, param = parts
-            if phase not in STEP_PHASES:
-                raise UsageError(f"--inject {spec}: unknown phase {phase!r}; allowed: {', '.join(STEP_PHASES)}")
+            _check_phase(spec, phase)
             return Injection("ulp", step=int(step), phase=phase, param=param)
         if parts[0] in ("crash", "hang"):
-            if len(parts) != 3:
+            if len(parts) not in (3, 4):
                 raise ValueError
-            return Injection(parts[0], rank=int(parts[1]), step=int(parts[2]))
+            phase = parts[3] if len(parts) == 4 else ""
+            if phase:
+                _check_phase(spec, phase)
+            return Injection(parts[0], rank=int(parts[1]), step=int(parts[2]), phase=phase)
     except ValueError:
-        raise UsageError(f"--inject {spec!r}: expected ulp:STEP:PHASE:PARAM, crash:RANK:STEP or "
-                         f"hang:RANK:STEP") from None
+        raise UsageError(f"--inject {spec!r}: expected ulp:STEP:PHASE:PARAM, crash:RANK:STEP[:PHASE] or "
+                         f"hang:RANK:STEP[:PHASE]") from None
     if spec in CATALOGUE:
         return Injection("fault", name=Fault(spec))
     raise UsageError(f"--inject {spec!r}: unknown fault; known: ulp:..., crash:..., hang:..., "
                      + ", ".join(sorted(CATALOGUE)))
+
+
+def _check_phase(spec: str, phase: str) -> None:
+    if phase not in STEP_PHASES:
+        raise UsageError(f"--inject {spec}: unknown phase {phase!r}; allowed: {', '.join(STEP_PHASES)}")
 
 
 def bump_one_ulp(t: torch.Tensor, index: int = 0) -> None:

@@ -284,12 +284,7 @@ class LockstepRunner:
             from parity.harness.resume import record_rng
 
             record_rng(self.result.digests, step, self.device)
-        for inj in self.lifecycle:
-            if inj.rank == self.rank and inj.step == step:
-                if inj.kind == "crash":
-                    os._exit(17)
-                while True:
-                    time.sleep(3600)
+        self._lifecycle(step, "")
         if self.opts.progress and self.rank == 0:
             print(f"[parity] {self.scenario.name}: step {step + 1}/{self.scenario.steps}", flush=True)
         self._state(step)
@@ -380,10 +375,21 @@ class LockstepRunner:
             self._side_checks(step, phase, Side.TEST, self.test)
         self.clock.harness_done(step)
 
+    def _lifecycle(self, step, phase) -> None:
+        """Crash or hang this rank where an injection says: at the start of ``step`` (no phase), or
+        once the stack under test has reported ``phase`` of it (mid-step, peers inside collectives)."""
+        for inj in self.lifecycle:
+            if (inj.rank, inj.step, inj.phase) == (self.rank, step, phase):
+                if inj.kind == "crash":
+                    os._exit(17)
+                while True:
+                    time.sleep(3600)
+
     def _take_test(self, step, phase, live, complete) -> None:
         if step >= 0 and self.last_beat != (step, phase):
             self.last_beat = (step, phase)
             _beat(step, phase)
+            self._lifecycle(step, phase)
         st = self._state(step)
         for inj in self.ulps:
             if inj.step == step and inj.phase == phase:

@@ -302,24 +302,29 @@ def _fault_run(tmp_path, tiny, marker, inject, timeout_s):
 
 @pytest.mark.slow
 def test_crashed_rank(tmp_path, tiny, marker):
-    r, e = _fault_run(tmp_path, tiny, marker, "crash:1:1", 20)
+    # Rank 1 dies mid-step, once its stack under test has stepped the optimizer: the report names
+    # the rank, the step and the last phase its heartbeat had (the start-of-step crash is in
+    # test_torchrun.py). Step 0: its phases beat too.
+    r, e = _fault_run(tmp_path, tiny, marker, "crash:1:0:optimizer", 20)
     f = e["failure"]
-    assert (f["rank"], f["step"], f["kind"]) == (1, 1, "crash"), f
+    assert (f["rank"], f["step"], f["phase"], f["kind"]) == (1, 0, "optimizer", "crash"), f
     assert "exited with code 17" in f["reason"]
-    assert "rank 1 failed at step 1" in e["error"] and "rank 1 failed at step 1" in r.stdout
+    said = "rank 1 failed at step 0, after optimizer"
+    assert said in e["error"] and said in r.stdout
 
 
 @pytest.mark.slow
 def test_hung_rank_is_named_not_its_peer(tmp_path, tiny, marker):
-    # Rank 0 hangs; rank 1 times out waiting for it in a collective. The report must name rank 0.
-    r, e = _fault_run(tmp_path, tiny, marker, "hang:0:1", 6)
+    # Rank 0 hangs mid-step, after its local grads; rank 1 goes on into the grad reduction and times
+    # out waiting for it there. The report must name rank 0, and the phase its heartbeat reached.
+    r, e = _fault_run(tmp_path, tiny, marker, "hang:0:1:grad_local", 6)
     f = e["failure"]
-    assert (f["rank"], f["step"], f["kind"]) == (0, 1, "hang"), f
+    assert (f["rank"], f["step"], f["phase"], f["kind"]) == (0, 1, "grad_local", "hang"), f
     assert "hang" in f["reason"] and "rank(s) 1 timed out" in f["reason"], f
-    # the hung rank's watcher placed it at the fault's sleep, in the runner's step
-    assert re.search(r"\(hang\) in runner\.py:\d+ _run_step: ", f["reason"]), f["reason"]
+    # the hung rank's watcher placed it at the fault's sleep, in the runner
+    assert re.search(r"\(hang\) in runner\.py:\d+ _lifecycle: ", f["reason"]), f["reason"]
     assert f["heartbeats"]["1"]["in_collective"] and not f["heartbeats"]["0"]["in_collective"]
-    assert "rank 0 failed at step 1" in r.stdout
+    assert "rank 0 failed at step 1, after grad_local" in r.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,14 +67,17 @@ def test_injection_specs_parse_and_print_back():
     from parity.harness.errors import UsageError
     from parity.harness.faults import parse_injection
 
-    for spec in ("ulp:3:optimizer:*", "crash:1:2", "hang:0:5"):
+    for spec in ("ulp:3:optimizer:*", "crash:1:2", "hang:0:5", "crash:1:2:grad_reduce", "hang:0:5:forward"):
         assert str(parse_injection(spec)) == spec
     u = parse_injection("ulp:3:optimizer:layers.0.attn.qkv.weight")
     assert (u.kind, u.step, u.phase, u.param) == ("ulp", 3, "optimizer", "layers.0.attn.qkv.weight")
     c = parse_injection("crash:1:2")
-    assert (c.kind, c.rank, c.step) == ("crash", 1, 2)
+    assert (c.kind, c.rank, c.step, c.phase) == ("crash", 1, 2, "")
+    h = parse_injection("hang:1:2:param_sync")
+    assert (h.kind, h.rank, h.step, h.phase) == ("hang", 1, 2, "param_sync")
     for bad, why in (("ulp:3:sideways:*", "unknown phase 'sideways'"), ("ulp:3:optimizer", "expected ulp:STEP"),
-                     ("crash:1", "expected ulp:STEP"), ("hang:x:1", "expected ulp:STEP")):
+                     ("crash:1", "expected ulp:STEP"), ("hang:x:1", "expected ulp:STEP"),
+                     ("crash:1:2:sideways", "unknown phase 'sideways'"), ("hang:0:1:forward:x", "hang:RANK:STEP")):
         with pytest.raises(UsageError, match=why):
             parse_injection(bad)
 
@@ -95,3 +98,19 @@ def test_one_ulp_is_the_next_value_away_from_zero_in_every_dtype():
     for i in range(4):
         bump_one_ulp(raw, i)
     assert raw.tolist() == [0x11, 0x7D, 0xFD, 0x7E]
+
+
+def test_a_crash_or_hang_in_a_run_that_finished_never_fired():
+    """A crash or hang that fires ends its run in an error; in a run that finished, its rank never
+    reached that step and phase (a --resume-from run that starts later, say), so `parity run`
+    refuses it after the run as it refuses a catalogued fault that took its deviation nowhere."""
+    from parity.cli import _not_fired
+    from parity.harness.faults import parse_injection
+
+    inj = [parse_injection(s) for s in ("crash:1:2:grad_reduce", "hang:0:1", "ulp:0:forward:*",
+                                        "muon-normalize-without-eps", "stale-scale-inv")]
+    ended = {"status": "pass", "faults_fired": ["stale-scale-inv"]}
+    assert _not_fired(inj, ended) == ["crash:1:2:grad_reduce", "hang:0:1", "muon-normalize-without-eps"]
+    assert _not_fired(inj, {**ended, "status": "fail"}) == ["crash:1:2:grad_reduce", "hang:0:1",
+                                                            "muon-normalize-without-eps"]
+    assert _not_fired(inj, {"status": "error", "faults_fired": []}) == []
