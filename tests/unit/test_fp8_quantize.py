@@ -291,6 +291,17 @@ def test_argument_errors():
         quantize(torch.tensor(1.0), "blockwise")
 
 
+def test_recipe_and_block_names_are_read_in_any_case_and_alias():
+    x = many_scales((128, 256), F32, 7, tile=(1, 128))
+    for recipe, block, want in (("BlockWise", None, "128x128"), ("blockwise", "1", "1x128"),
+                                ("blockwise", "128x1", "1x128"), ("BLOCKWISE", "2D", "128x128"),
+                                ("MXFP8", "32", "1x32")):
+        q = quantize(x, recipe, block=block)
+        assert (q.recipe, q.block) == (recipe.lower(), want), (recipe, block)
+        ref = quantize(x, recipe.lower(), block=want)
+        assert torch.equal(q.rowwise_data, ref.rowwise_data) and same(q.rowwise_scale_inv, ref.rowwise_scale_inv)
+
+
 def test_defaults():
     q = quantize(torch.randn(4, 128), "blockwise")
     assert (q.recipe, q.block, q.fp8_dtype, q.pow2_scales, q.eps) == ("blockwise", "128x128", "e4m3", True, 0.0)
@@ -641,6 +652,12 @@ def test_requantize_checks_and_nd():
     src = quantize(torch.randn(128, 128) * 7, "blockwise", block="128x128")
     q3.requantize_(src)
     assert torch.equal(q3.rowwise_data, quantize(src.dequantize(), "blockwise", block="1x128").rowwise_data)
+    # a source quantize() refuses is refused here too, before any byte is written
+    before = q3.rowwise_data.clone()
+    for bad in (torch.randn(128, 128, dtype=torch.float64), torch.ones(128, 128, dtype=torch.int32)):
+        with pytest.raises(TypeError, match="bfloat16/float16/float32"):
+            q3.requantize_(bad)
+    assert torch.equal(q3.rowwise_data, before)
 
 
 def test_post_all_gather_creates_missing_columnwise():
@@ -678,7 +695,18 @@ def test_clone_and_repr():
     c = q.clone()
     assert c.rowwise_data.data_ptr() != q.rowwise_data.data_ptr()
     assert torch.equal(c.rowwise_data, q.rowwise_data)
-    assert "QuantizedTensor" in repr(q)
+    assert "usages=['rowwise', 'columnwise']" in repr(q) and "stale" not in repr(q)
+    assert "usages=['rowwise']" in repr(quantize(torch.randn(128, 256), "blockwise", columnwise=False))
+    assert (q.size(), q.size(0), q.size(-1), q.dim()) == (torch.Size([128, 256]), 128, 256, 2)
+    # a 128x128 requantize leaves the columnwise copy stale: the flag travels with a clone, says so
+    # in the repr, and both refuse the stale copy until it is rebuilt
+    q.requantize_(torch.randn(128, 256))
+    c = q.clone()
+    assert c.columnwise_stale and "columnwise_stale=True" in repr(c)
+    with pytest.raises(RuntimeError, match="stale"):
+        c.gemm_operand("columnwise")
+    c.post_all_gather_processing()
+    assert not c.columnwise_stale and "stale" not in repr(c)
 
 
 # ---------------------------------------------------------------------------------------------
