@@ -159,6 +159,20 @@ def test_exact_block_dot_with_cancellation():
     assert torch.all(fp8_gemm(a2, b2, out_dtype=F32, backend="emulated") == 2.0 ** -32)
 
 
+def test_a_block_dot_on_an_fp32_midpoint_is_pushed_off_it_by_the_tiny_piece():
+    """E5M2's split dot: the large pieces sum to 2^24 + 1, an fp32 midpoint (ties to even: 2^24),
+    and the tiny pieces to 2^-32, below float64's ulp there, so adding the partials rounds it away.
+    The exact dot lies just above the midpoint and rounds to 2^24 + 2: only the partials' TwoSum
+    error, carried into the final rounding, keeps that."""
+    e5 = lambda vals: torch.tensor(vals, dtype=F32).to(torch.float8_e5m2).view(torch.uint8)  # noqa: E731
+    vals = [[4096.0, 1.0, 2.0 ** -16] + [0.0] * 125]
+    a = Operand(e5(vals), "e5m2", torch.ones(1, 1), 128)
+    b = Operand(e5(vals), "e5m2", torch.ones(1, 1), 128)
+    y = fp8_gemm(a, b, out_dtype=F32, backend="emulated")
+    assert y.item() == 2.0 ** 24 + 2
+    assert torch.equal(bits(y), bits(ref_gemm(a, b, F32)))
+
+
 def test_fma_is_single_rounding():
     """fma(t, s, y) must round once. Block 0 gives y = 1 + 2^-23 (odd last bit); block 1 adds
     t*s = 2^-24 * (1 + 2^-16) * (1 - 2^-16) = 2^-24 - 2^-56, so the exact sum lies just below the
@@ -274,6 +288,23 @@ def test_argument_checks():
         fp8_gemm(a, b, out_dtype=F32, backend="cublas")
     with pytest.raises(ValueError):
         Operand(a.data, "e4m3", torch.ones(4, 3), 128)  # wrong scale shape
+    with pytest.raises(ValueError, match="positive"):
+        Operand(a.data[:, :0], "e4m3", torch.ones(4, 0), 0)
+    # the fp8 format by a torch dtype or a name in any case: the same operand
+    for name in (torch.float8_e4m3fn, "E4M3"):
+        same = Operand(b.data, name, b.scale_inv, 128)
+        assert same.fp8_dtype == "e4m3"
+        assert torch.equal(bits(fp8_gemm(a, same, out_dtype=F32)), bits(fp8_gemm(a, b, out_dtype=F32)))
+    # the float64 block dot is exact up to 53 bits: E5M2 x E5M2 pieces (18 + 18 bits) allow blocks of
+    # up to 2^17 elements, and one element more is refused, not summed inexactly
+    ones = torch.tensor([1.0], dtype=F32).to(torch.float8_e5m2).view(torch.uint8)
+    for n, ok in ((2 ** 17, True), (2 ** 17 + 1, False)):
+        op = Operand(ones.repeat(1, n), "e5m2", torch.ones(1, 1), n)
+        if ok:
+            assert fp8_gemm(op, op, out_dtype=F32, backend="emulated").item() == n
+        else:
+            with pytest.raises(ValueError, match="too large for an exact float64"):
+                fp8_gemm(op, op, out_dtype=F32, backend="emulated")
     if not torch.cuda.is_available():
         assert not scaled_mm_supported(a, b)
         with pytest.raises(RuntimeError, match="scaled_mm"):
