@@ -49,12 +49,9 @@ def pow2_boundary(amax: float) -> float:
     """The largest ``448 * 2^k <= amax``: a block with this amax gets the exact scale 2^-k; one
     bf16 ULP more and the pow2 scale (blockwise) drops to 2^(-k-1), the E8M0 exponent (mxfp8)
     rises by one."""
-    b = E4M3_MAX * 2.0 ** math.floor(math.log2(amax / E4M3_MAX))
-    while b > amax:  # log2 rounding at exact powers
-        b /= 2
-    while 2 * b <= amax:
-        b *= 2
-    return b
+    _, e = math.frexp(amax)  # amax = m * 2^e, 0.5 <= m < 1
+    b = math.ldexp(E4M3_MAX, e - 9)  # 448 = 0.875 * 2^9, so b = 0.875 * 2^e: exact, no log2 rounding
+    return b if b <= amax else b / 2
 
 
 def edge_value(amax: float, position: str) -> float:

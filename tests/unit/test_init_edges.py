@@ -4,6 +4,7 @@ never routed; the scenario key validates."""
 
 import glob
 import json
+import math
 import os
 
 import pytest
@@ -18,7 +19,9 @@ from parity.model import GPT, ModelConfig, is_quantized_param
 from parity.model.config import InitEdges
 from parity.model.edges import (
     EDGE_POSITIONS,
+    TILE,
     TINY_AMAX,
+    TINY_KINDS,
     _bf16_step,
     block_states,
     edge_value,
@@ -75,6 +78,17 @@ def test_one_ulp_across_the_boundary_flips_the_scale(recipe, amax):
         assert scale_code(above, recipe) - scale_code(at, recipe) == 1 << 23
     else:
         assert scale_code(above, recipe) - scale_code(at, recipe) == 1
+
+
+def test_the_boundary_is_exact_at_every_power_of_two():
+    """448 * 2^k is its own boundary and one ULP less belongs to the boundary below, from the tiny
+    kinds' range (the 2^127 scale cap) up to bf16's largest values, and for any float, not only bf16."""
+    for k in range(-140, 120):
+        b = math.ldexp(448.0, k)
+        assert pow2_boundary(b) == b, k
+        assert pow2_boundary(math.nextafter(b, 0.0)) == b / 2, k
+        assert pow2_boundary(math.nextafter(2 * b, 0.0)) == b, k
+        assert pow2_boundary(_bf16_step(b, 1)) == b and pow2_boundary(_bf16_step(b, -1)) == b / 2, k
 
 
 def test_unknown_edges_are_refused():
@@ -196,6 +210,14 @@ def test_tiny_blocks_reach_the_clamp_and_hold_subnormals(built):
         a = w.detach().float().abs()
         subnormal += int(((a > 0) & (a < torch.finfo(torch.bfloat16).tiny)).sum())
     assert subnormal > 100
+    # each layer's tiny tile has exactly its kind's amax (the element that carries it is set, not
+    # left to the rescale's roundings)
+    t = TILE[recipe]
+    for i in range(cfg.num_layers):
+        w = off.layers[i].attn.qkv.weight.detach().float()
+        rows, cols = w.shape
+        tile = w[(rows - 1) // t * t:, (cols - 1) // t * t:]
+        assert float(tile.abs().max()) == TINY_AMAX[TINY_KINDS[i % len(TINY_KINDS)]], i
     if recipe == "blockwise":  # scale at the 2^127 cap: scale_inv 2^-127, an fp32 subnormal
         qt = quantize_weight(off.layers[0].attn.qkv.weight.detach(), recipe)
         assert float(qt.rowwise_scale_inv[2, 0]) == 2.0 ** -127
@@ -311,9 +333,11 @@ def test_flip_counter_tells_pow2_flips_from_blocks_leaving_zero():
     x[128:, :128] *= b / float(x[128:, :128].abs().max())  # amax exactly on the boundary
     x = x.to(torch.bfloat16)
     qt = quantize_weight(x, "blockwise")
+    x[128:, 128:] = (x[128:, 128:].float() * (2.0 ** -123 / float(x[128:, 128:].abs().max()))).bfloat16()
+    qt = quantize_weight(x, "blockwise")
     c = FlipCounter()
     first = c.observe([("w", qt)])
-    assert (first["flips"], first["unzeroed"], first["zero"], first["blocks"]) == (0, 0, 1, 4)
+    assert (first["flips"], first["unzeroed"], first["zero"], first["clamp"], first["blocks"]) == (0, 0, 1, 1, 4)
     y = x.clone()
     y[:128, :128] = 0.01                            # leaves the zero rule
     y[128, 0] = _bf16_step(b, 1)                   # the tile's amax one ULP above the boundary

@@ -33,6 +33,19 @@ REFUSED = {
                                  "overlap = true"),
     "fp8-head-bucket-too-large": ({"model": {"fp8_head": True}, "overlap": True, "bucket_size": None},
                                   "key 'bucket_size': model.fp8_head needs bucket_size <= "),
+    # the model's own rules (parity.model.config.ModelConfig)
+    "model-size-zero": ({"model": {"hidden": 0}}, "key 'model': hidden must be a positive integer, got 0"),
+    "model-size-float": ({"model": {"num_layers": 1.5}}, "key 'model': num_layers must be a positive integer, got 1.5"),
+    "model-heads": ({"model": {"hidden": 160, "num_heads": 3}},
+                    "key 'model': hidden (160) must be divisible by num_heads (3)"),
+    "model-topk": ({"moe": True, "model": {"num_experts": 2, "moe_topk": 3}},
+                   "key 'model': moe_topk (3) must be <= num_experts (2)"),
+    "model-init-std": ({"model": {"init_std": 0.0}}, "key 'model': init_std must be > 0"),
+    "model-tied-fp8-head": ({"model": {"tie_embeddings": True, "fp8_head": True}},
+                            "key 'model': tie_embeddings and fp8_head exclude each other"),
+    "dead-expert-dense": ({"stress": ["dead_expert"]}, "key 'model': stress option 'dead_expert' needs moe = true"),
+    "dead-expert-all-routed": ({"moe": True, "stress": ["dead_expert"], "model": {"num_experts": 2, "moe_topk": 2}},
+                               "key 'model': stress option 'dead_expert' needs num_experts (2) > moe_topk (2)"),
 }
 
 
@@ -64,6 +77,25 @@ def test_the_smallest_valid_values_are_taken():
     # the FP8 head's bucket rule is about ON's uint8 buffer: a pair without FP8 gather has none
     s = make_scenario({**BASE, "pair": "overlap_param_gather", "fp8_param_gather": False, "model": {"fp8_head": True}})
     assert s.pair == "overlap_param_gather"
+
+
+def test_the_model_at_its_bounds_and_the_dims_the_recipe_checks():
+    from parity.model.config import InitEdges, ModelConfig
+
+    # the smallest sizes, top-k of every expert, a dead expert with one live one beside top-1
+    ModelConfig(hidden=1, num_heads=1, num_layers=1, moe=True, num_experts=2, moe_topk=2, init_std=1e-30)
+    ModelConfig(moe=True, num_experts=2, moe_topk=1, edges=InitEdges(dead_expert=True))
+    with pytest.raises(ValueError, match="edges must be an InitEdges"):
+        ModelConfig(edges=("zero_blocks",))
+    # MoE layers: every second one, or the only one
+    assert [ModelConfig(moe=True, num_layers=4).is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert ModelConfig(moe=True, num_layers=1).is_moe_layer(0)
+    assert not any(ModelConfig(num_layers=4).is_moe_layer(i) for i in range(4))
+    # every FP8 matrix dimension: the experts' and the head's only where they are FP8 matrices
+    m = dict(hidden=96, ffn_hidden=160, moe_ffn_hidden=48, vocab_size=200)
+    assert ModelConfig(**m).matrix_dims() == [96, 288, 320, 160]
+    assert ModelConfig(**m, moe=True).matrix_dims() == [96, 288, 320, 160, 96, 48]
+    assert ModelConfig(**m, fp8_head=True).matrix_dims() == [96, 288, 320, 160, 200]
 
 
 def test_the_callers_mapping_is_left_as_it_was():
