@@ -264,13 +264,20 @@ class AllReduceRoute(StrEnum):
 
 
 def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False):
-    """In-place sum all-reduce of ``t``. Returns a work handle when ``async_op``, else None."""
+    """In-place sum all-reduce of contiguous ``t``. Returns a work handle when ``async_op``, else None.
+
+    A strided ``t`` is refused on every group size: gloo's ring reads and writes the first numel
+    elements of its memory as if they were the tensor (measured: torch 2.13, a ``[::2]`` view came
+    back half summed, no error), and NCCL refuses it."""
     _refuse_float8(t, "all_reduce_sum")
+    if not t.is_contiguous():
+        raise ValueError(f"all_reduce_sum: t must be contiguous (collectives write raw memory), got strides "
+                         f"{t.stride()} for shape {tuple(t.shape)}")
     world = group_size(group)
     if world == 1:
         return _done(async_op)
     route = AllReduceRoute.NATIVE
-    if t.is_contiguous() and _on_gloo(t, group):
+    if _on_gloo(t, group):
         route = all_reduce_route(world, t.numel(), t.element_size())
     if route == AllReduceRoute.SPLIT:
         return _split_exchange_and_sum(t.view(-1), group, async_op)

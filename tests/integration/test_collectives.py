@@ -78,7 +78,8 @@ def _rank_checks(ctx) -> dict:
     errors = []
     for bad in (lambda: C.all_gather_uneven_into(torch.zeros(9), torch.zeros(2), SIZES, None),  # wrong own size
                 lambda: C.all_gather_uneven_into(torch.zeros(9), torch.zeros(SIZES[r]), SIZES[:3], None),
-                lambda: C.all_gather_uneven_into(torch.zeros(3), torch.zeros(SIZES[r]), SIZES, None)):
+                lambda: C.all_gather_uneven_into(torch.zeros(3), torch.zeros(SIZES[r]), SIZES, None),
+                lambda: C.all_gather_uneven_into(torch.zeros(9), torch.zeros(SIZES[r]), [3.0, 0, 5, 1], None)):
         try:
             bad()
             errors.append(None)
@@ -97,11 +98,22 @@ def _rank_checks(ctx) -> dict:
     work = C.all_gather_into(ag8, payload(r, 2, torch.float8_e4m3fn), None, async_op=True)
     work.wait()
     out["all_gather_into/fp8"] = bits(ag8)
-    # all-to-all with uneven splits: rank r sends (j + 1) rows of value 10 r + j to rank j
-    send = torch.cat([torch.full((j + 1,), float(10 * r + j)) for j in range(WORLD)])
-    recv = torch.empty(WORLD * (r + 1))
-    C.all_to_all_single(recv, send, [r + 1] * WORLD, [j + 1 for j in range(WORLD)], None)
+    ag = torch.full((WORLD * 3,), -7.0)  # without a handle: the data is there on return
+    assert C.all_gather_into(ag, payload(r, 3, torch.float32), None) is None
+    out["all_gather_into/sync"] = bits(ag)
+    out["broadcast_object"] = C.broadcast_object({"from": r}, 2, None)
+    # all-to-all with uneven splits both ways: rank r sends r + j + 1 rows of value 10 r + j to rank j
+    send = torch.cat([torch.full((r + j + 1,), float(10 * r + j)) for j in range(WORLD)])
+    recv = torch.empty(sum(i + r + 1 for i in range(WORLD)))
+    C.all_to_all_single(recv, send, [i + r + 1 for i in range(WORLD)], [r + j + 1 for j in range(WORLD)], None)
     out["all_to_all"] = recv.tolist()
+    # a strided tensor is refused before any traffic: gloo's ring would sum the first numel elements
+    # of its memory and leave the rest as they were
+    try:
+        C.all_reduce_sum((torch.arange(8, dtype=torch.float32) * (r + 1))[::2], None)
+        out["all_reduce/strided"] = None
+    except ValueError as exc:
+        out["all_reduce/strided"] = str(exc)
     out["objects"] = C.all_gather_object({"rank": r}, None)
 
     # --- groups
@@ -122,16 +134,26 @@ def _rank_checks(ctx) -> dict:
     out["groups/ep_gather"] = [x.tolist() for x in got]
     b = gather_uneven(torch.tensor([float(r)]), [1, 1], pg.expt_dp_group)
     out["groups/expt_dp_gather"] = [x.item() for x in b]
+    out["groups/ep_broadcast"] = C.broadcast_object(r, 1, pg.ep_group)  # group rank 1's object
     # size-1 groups (ep=1: one rank per EP group) are no-ops / local copies
     one = build_groups(1)
     x = torch.tensor([float(r)])
     C.all_reduce_sum(x, one.ep_group)
     assert C.all_reduce_sum(x, one.ep_group, async_op=True).wait()
-    y = torch.empty(1)
+    # (outputs filled with -7: a copy that did not happen shows)
+    y, rs, a2a = torch.full((1,), -7.0), torch.full((1,), -7.0), torch.full((1,), -7.0)
     C.all_gather_into(y, x, one.ep_group)
-    out["groups/size1"] = (one.ep, one.expt_dp, x.item(), y.item(),
+    C.reduce_scatter_sum(rs, x * 3, one.ep_group)
+    C.all_to_all_single(a2a, x * 5, group=one.ep_group)
+    try:
+        C.all_to_all_single(torch.empty(2), x, group=one.ep_group)
+        shapes = None
+    except ValueError as exc:
+        shapes = str(exc)
+    C.barrier(one.ep_group)
+    out["groups/size1"] = (one.ep, one.expt_dp, x.item(), y.item(), rs.item(), a2a.item(), shapes,
                            [t.tolist() for t in gather_uneven(x, [1], one.ep_group)],
-                           C.all_gather_object("o", one.ep_group))
+                           C.all_gather_object("o", one.ep_group), C.broadcast_object(["mine"], 0, one.ep_group))
     dist.barrier()
     return out
 
@@ -167,10 +189,11 @@ def test_all_gather_uneven_async_handle(per_rank):
 def test_all_gather_uneven_argument_errors(per_rank):
     assert 2 not in SIZES  # every rank's 2-element piece is the wrong size
     for r, seen in enumerate(per_rank):
-        own, count, into = seen["uneven/errors"]
+        own, count, into, kind = seen["uneven/errors"]
         assert own and f"group rank {r} sends 2 elements but sizes[{r}] = {SIZES[r]}" in own, (r, own)
         assert count and "4 sizes" not in count and "3 sizes for a group of 4" in count
         assert into and "sum(sizes) = 9" in into
+        assert kind and "sizes must be non-negative ints, got [3.0, 0, 5, 1]" in kind
 
 
 def test_even_wrappers(per_rank):
@@ -181,7 +204,11 @@ def test_even_wrappers(per_rank):
         assert seen["all_reduce"] == [10.0, 2.0]
         assert seen["reduce_scatter"] == reduced[2 * r : 2 * r + 2]
         assert seen["all_gather_into/fp8"] == fp8
-        assert seen["all_to_all"] == [float(10 * j + r) for j in range(WORLD) for _ in range(r + 1)]
+        assert seen["all_gather_into/sync"] == [b for j in range(WORLD) for b in bits(payload(j, 3, torch.float32))]
+        assert seen["broadcast_object"] == {"from": 2}
+        assert seen["all_to_all"] == [float(10 * i + r) for i in range(WORLD) for _ in range(i + r + 1)]
+        assert seen["all_reduce/strided"] == ("all_reduce_sum: t must be contiguous (collectives write raw "
+                                              "memory), got strides (2,) for shape (4,)")
         assert seen["objects"] == [{"rank": j} for j in range(WORLD)]
 
 
@@ -197,6 +224,7 @@ def test_groups_world4_ep2(per_rank):
         first = 0 if r < 2 else 2
         assert seen["groups/ep_gather"] == [[float(first)], [float(first + 1)] * 2]
         assert seen["groups/expt_dp_gather"] == [float(r % 2), float(2 + r % 2)]  # group ranks 0, 1
+        assert seen["groups/ep_broadcast"] == first + 1
     assert per_rank[1]["groups/ep2"]["describe"] == "rank 1/4: dp 1/4, ep 1/2 [0, 1], expt_dp 0/2 [1, 3]"
 
 
@@ -211,7 +239,9 @@ def test_groups_ep_must_divide_world(per_rank):
 
 def test_size1_groups_are_noops(per_rank):
     for r, seen in enumerate(per_rank):
-        assert seen["groups/size1"] == (1, 4, float(r), float(r), [[float(r)]], ["o"])
+        assert seen["groups/size1"] == (1, 4, float(r), float(r), 3.0 * r, 5.0 * r,
+                                        "all_to_all_single: one rank: shapes differ (2,) vs (1,)",
+                                        [[float(r)]], ["o"], ["mine"])
 
 
 _NO_GROUP = """

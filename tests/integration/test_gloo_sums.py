@@ -58,7 +58,9 @@ def _rank_sums(ctx) -> dict:
                 split = _inputs(r, n, dtype, n)
                 h = C._split_exchange_and_sum(split, None, async_op=True)
                 h.wait()
-                out[f"split/{dtype}/{n}"] = (_bits(split), _bits(native))
+                now = _inputs(r, n, dtype, n)  # without a handle: the sums are there on return
+                C._split_exchange_and_sum(now, None, async_op=False)
+                out[f"split/{dtype}/{n}"] = (_bits(split), _bits(now), _bits(native))
         for n in RS_SIZES:
             x = _inputs(r, n * world, dtype, n + 1)
             native = torch.empty(n, dtype=dtype)
@@ -92,6 +94,17 @@ def _rank_sums(ctx) -> dict:
             C._chunk_exchange = chunk_exchange
         out[f"coalesced/{dtype}"] = ([_bits(t) for t in ars] + [_bits(o) for o, _ in rss],
                                      [_bits(t) for t in native] + [_bits(o) for o in native_rs], len(exchanges))
+    # mixed dtypes are not coalesced: one collective each, with its own bits
+    mixed = [_inputs(r, 100, torch.float32, 5), _inputs(r, 100, torch.bfloat16, 6)]
+    mixed_rs = [(torch.empty(3, dtype=torch.float32), _inputs(r, 3 * world, torch.float32, 9))]
+    native = [t.clone() for t in mixed]
+    for t in native:
+        dist.all_reduce(t)
+    native_rs = torch.empty(3)
+    C._reduce_scatter_single(native_rs, mixed_rs[0][1].clone())
+    C.sums_coalesced(mixed, mixed_rs, None)
+    out["coalesced/mixed"] = ([_bits(t) for t in mixed] + [_bits(mixed_rs[0][0])],
+                              [_bits(t) for t in native] + [_bits(native_rs)])
     return out
 
 
@@ -103,6 +116,8 @@ def test_coalesced_sums_have_each_collectives_bits(per_rank):
             assert len(mine) == len(AR_SIZES) + 4
             for i, (a, b) in enumerate(zip(mine, native)):
                 assert a == b, f"rank {r}, {dtype}, tensor {i}"
+        mine, native = seen["coalesced/mixed"]
+        assert mine == native, f"rank {r}, mixed dtypes"
 
 
 @pytest.fixture(scope="module", params=[3, 4], ids=lambda w: f"world{w}")
@@ -125,8 +140,8 @@ def test_sums_have_gloos_bits(per_rank, op, sizes):
                 want = op == "rs" or (2 * world <= n and nbytes <= C.EXCHANGE_MAX_BYTES)
                 assert exchanged == want, f"rank {r}, {dtype}, {n}: exchange ran: {exchanged}"
                 if op == "ar" and 2 * world <= n:
-                    split, native = seen[f"split/{dtype}/{n}"]
-                    assert split == native, f"rank {r}, {dtype}, {n}, split exchange"
+                    split, now, native = seen[f"split/{dtype}/{n}"]
+                    assert split == native and now == native, f"rank {r}, {dtype}, {n}, split exchange"
 
 
 def test_the_sums_depend_on_the_order():
