@@ -78,7 +78,6 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, *, recipe: str, fp8_param: bool, seed: int,
                  device="cpu", ep_size: int = 1, ep_rank: int = 0, ep_group=None, faults=frozenset()):
         super().__init__()
-        self.cfg, self.recipe, self.fp8_param = cfg, recipe, fp8_param
         self.faults = faults
         if cfg.moe and cfg.num_experts % ep_size:
             raise ValueError(f"num_experts ({cfg.num_experts}) must be divisible by ep ({ep_size})")
