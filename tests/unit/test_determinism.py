@@ -17,6 +17,10 @@ from parity.distributed.determinism import (
 @pytest.fixture
 def restore_torch_switches():
     """apply_determinism(configure_torch=True) changes process-wide state; put it back."""
+    import threadpoolctl
+
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    saved_blas = blas.info()
     saved = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -32,6 +36,8 @@ def restore_torch_switches():
     torch.backends.cudnn.deterministic = cudnn_det
     torch.backends.cudnn.benchmark = cudnn_bench
     torch.set_num_threads(threads)
+    for pool, info in zip(blas.lib_controllers, saved_blas):
+        pool.set_num_threads(info["num_threads"])
 
 
 def test_defaults_are_valid_and_empty_env_is_valid():
@@ -83,6 +89,15 @@ def test_other_variables(name, bad, good):
     assert validate_determinism_env({name: good}) == []
 
 
+def test_a_variable_of_the_contract_without_a_rule_of_its_own_accepts_only_its_default():
+    """Fail closed: CUDA_DEVICE_MAX_CONNECTIONS (one hardware queue: kernels start in issue order)
+    has no rule of its own; any other value than the contract's is a violation, not a pass."""
+    assert validate_determinism_env({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}) == []
+    assert validate_determinism_env({"CUDA_DEVICE_MAX_CONNECTIONS": " 1 "}) == []
+    assert validate_determinism_env({"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == [
+        "CUDA_DEVICE_MAX_CONNECTIONS='8': accepted: '1'"]
+
+
 def test_tree_is_rejected_with_a_message_naming_the_variable():
     env = {"NCCL_ALGO": "Tree"}
     with pytest.raises(DeterminismError) as info:
@@ -126,6 +141,13 @@ def test_allow_nondeterministic_bypasses_with_a_warning():
 
 
 def test_torch_switches(restore_torch_switches):
+    import threadpoolctl
+
+    # start from the opposite of every switch, so that each one is seen to be set
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+    torch.set_num_threads(2)
+    threadpoolctl.threadpool_limits(2, user_api="blas")
     applied = apply_determinism({}, num_threads=1)
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.is_deterministic_algorithms_warn_only_enabled()
@@ -133,6 +155,10 @@ def test_torch_switches(restore_torch_switches):
     assert torch.get_num_threads() == 1
     assert applied["torch"]["use_deterministic_algorithms"] is True
     assert applied["torch"]["num_threads"] == 1
+    assert applied["torch"]["cudnn.benchmark"] is False and applied["torch"]["cudnn.deterministic"] is True
+    assert applied["torch"]["blas_threads"] and set(applied["torch"]["blas_threads"]) == {1}  # numpy's BLAS
+    # every variable the contract filled in is reported as set by default
+    assert set(DETERMINISM_ENV) <= set(applied["set_by_default"])
     # torch's own fill of every new tensor is off (the stack's buffers come from empty()) ...
     assert applied["torch"]["fill_uninitialized_memory"] is False
     assert torch.utils.deterministic.fill_uninitialized_memory is False
