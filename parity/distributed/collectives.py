@@ -268,7 +268,7 @@ def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None = None, asyn
 
     A strided ``t`` is refused on every group size: gloo's ring reads and writes the first numel
     elements of its memory as if they were the tensor (measured: torch 2.13, a ``[::2]`` view came
-    back half summed, no error), and NCCL refuses it."""
+    back half summed, no error); one contract for every backend."""
     _refuse_float8(t, "all_reduce_sum")
     if not t.is_contiguous():
         raise ValueError(f"all_reduce_sum: t must be contiguous (collectives write raw memory), got strides "
