@@ -296,6 +296,10 @@ def test_find(tmp_path):
     assert e.value.others == (PID,)
     g, tier = golden.find(tmp_path, lr, other, allow_other_platform=True)
     assert (g.scenario, tier) == ("tiny-lr-long", "approx")
+    # ... its own scenario's golden first, though another of its configuration covers more steps
+    own = make_scenario({"name": "tiny-lr[steps=6]", "world": 2, "steps": 6, "lr": 0.01})
+    g, tier = golden.find(tmp_path, own, other, allow_other_platform=True)
+    assert (g.scenario, g.steps, tier) == ("tiny-lr", 4, "approx")
 
 
 def _manifest(path: Path) -> dict:
