@@ -567,7 +567,7 @@ def _not_fired(injections, entry) -> list[str]:
     if entry["status"] == "error":
         return []
     return [str(i) for i in injections
-            if i.kind in ("crash", "hang") or i.kind == "fault" and str(i) not in entry.get("faults_fired", ())]
+            if i.kind in ("crash", "hang") or (i.kind == "fault" and str(i) not in entry.get("faults_fired", ()))]
 
 
 def _print_entry(e, quiet):

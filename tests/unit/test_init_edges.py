@@ -332,8 +332,7 @@ def test_flip_counter_tells_pow2_flips_from_blocks_leaving_zero():
     b = pow2_boundary(float(x[128:, :128].abs().max()))
     x[128:, :128] *= b / float(x[128:, :128].abs().max())  # amax exactly on the boundary
     x = x.to(torch.bfloat16)
-    qt = quantize_weight(x, "blockwise")
-    x[128:, 128:] = (x[128:, 128:].float() * (2.0 ** -123 / float(x[128:, 128:].abs().max()))).bfloat16()
+    x[128:, 128:] = (x[128:, 128:].float() * (2.0 ** -123 / float(x[128:, 128:].abs().max()))).bfloat16()  # clamps
     qt = quantize_weight(x, "blockwise")
     c = FlipCounter()
     first = c.observe([("w", qt)])
