@@ -146,6 +146,7 @@ class Fault(StrEnum):
     MOE_PROBS_AFTER_FC2 = "moe-probs-after-fc2"
     LR_SCHEDULE_SKIPS_DISTOPT = "lr-schedule-skips-distopt"
     NEXT_GATHER_NOT_PREFETCHED = "next-gather-not-prefetched"
+    LAYERWISE_BF16_TRUNCATES = "layerwise-bf16-truncates"
 
 
 FIRED: set[Fault] = set()

@@ -34,6 +34,14 @@ def write_fp8(qt, src, faults=FaultSet()) -> None:
             qt.rowwise_scale_inv.masked_fill_(tiny, 0.0)  # as a flush-to-zero (fast-math) kernel does
 
 
+def master_to_bf16(master: torch.Tensor, faults=FaultSet()) -> torch.Tensor:
+    """bf16(master), rounded to nearest even: the one rounding of an fp32 LayerWise master that
+    every bf16 param and every bf16 staging of the gather holds (docs/spec/megatron.md s2.8)."""
+    if Fault.LAYERWISE_BF16_TRUNCATES in faults:
+        master = (master.view(torch.int32) & -(1 << 16)).view(torch.float32)  # toward zero: low bits dropped
+    return master.to(torch.bfloat16)
+
+
 def _subnormal(t: torch.Tensor) -> torch.Tensor:
     """Where fp32 ``t`` holds a subnormal (docs/spec/te.md s1.7: what a flush-to-zero kernel
     zeroes; the stack's own path keeps them)."""
@@ -85,7 +93,7 @@ def stage(params, out: torch.Tensor, fp8_staged: bool, faults=frozenset()) -> No
                 master = p.data  # a native fp32 param is its own master (bf16 transport drops bits)
             if master is None or master.numel() != n:
                 raise RuntimeError("fp8-staged gather needs every owned param's fp32 master")
-            src = master
+            src = master_to_bf16(master, faults)
         else:
             if is_quantized_param(p):
                 raise RuntimeError("cannot flatten an FP8 parameter on the raw (non-staged) path")

@@ -165,6 +165,10 @@ CATALOGUE = {
     Fault.NEXT_GATHER_NOT_PREFETCHED: ("a pre-hook waits on its group's gather but never launches the next "
                                        "group's: every gather starts when its own params are needed, and no "
                                        "gather overlaps compute (the bytes are the same)", 54),
+    Fault.LAYERWISE_BF16_TRUNCATES: ("every bf16 rounding of a LayerWise master (the bf16 params' copy, the "
+                                     "gather's bf16 staging, the source of an FP8 param's requantize) "
+                                     "truncates instead of rounding to nearest even, on both sides: ON == OFF "
+                                     "and the replicas hold", 55),
 }
 # Every fault is in stack code (what it trains or what it reports), of the stack under test or, for
 # a shared one, of both; none edits the harness's comparison. (Two former harness faults weakened a
@@ -181,7 +185,7 @@ SHARED_FAULTS = {Fault.EMPTY_EXPERT_SKIPS_WGRAD, Fault.CLIP_SKIPS_DISTOPT_GRADS,
                  Fault.EXPERT_GRADS_SCALED_BY_EXPERT_DP, Fault.ZERO_GRAD_SKIPS_DENSE_BUFFERS,
                  Fault.SAVE_COPIES_INTO_LIVE_STATE, Fault.LOAD_REBINDS_MASTERS,
                  Fault.WGRAD_OVERWRITES_EVERY_MICROBATCH, Fault.CHECKPOINT_CHUNKS_REVERSED,
-                 Fault.MOE_PROBS_AFTER_FC2, Fault.LR_SCHEDULE_SKIPS_DISTOPT}
+                 Fault.MOE_PROBS_AFTER_FC2, Fault.LR_SCHEDULE_SKIPS_DISTOPT, Fault.LAYERWISE_BF16_TRUNCATES}
 """Faults in a code path both sides run, so injected into both: ON == OFF holds, and only a check
 that does not compare the two (the replicas agree; a resumed run equals the uninterrupted one; a
 resharded load equals what was saved; training stays finite; the run equals its golden) can see

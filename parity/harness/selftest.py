@@ -180,6 +180,10 @@ CASES = {  # fault -> (quick scenario key, what must happen; a tuple: all of it,
     # loaded state saved again) undoes it, and the params set against their loaded masters do not
     "checkpoint-chunks-reversed": ("w2-to-w4-reshard", (Expect("check", check="checkpoint-holds-state", step=0),
                                                         Expect("check", check="params-hold-masters", step=1))),
+    # in both stacks (a shared fault): ON == OFF and the replicas hold; the bf16 params the sync
+    # leaves, set against the LayerWise masters each rank stepped, do not (OFF's Muon matrices:
+    # ON's are FP8 and go through the same rounding unseen by this check)
+    "layerwise-bf16-truncates": ("w4-dense", Expect("check", check="params-hold-masters", step=0)),
 }
 CASES = {fault: (key, exp if isinstance(exp, tuple) else (exp,)) for fault, (key, exp) in CASES.items()}
 """The cases as written above, each case's expectations as a tuple."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.ddp.param_sync import write_fp8
+from parity.ddp.param_sync import master_to_bf16, write_fp8
 from parity.model import is_quantized_param
 from parity.vocab import Fault, FaultSet
 
@@ -38,8 +38,8 @@ def copy_master_to_param(p, master, faults=FaultSet()) -> None:
     exactly what OFF's forward quantizes from its bf16 weight, subnormal scale_inv included
     (a tiny block's 2^-127, docs/spec/te.md s1.2)."""
     if is_quantized_param(p):
-        src = master if Fault.FP32_MASTER_DIRECT_TO_FP8 in faults else master.to(torch.bfloat16)
+        src = master if Fault.FP32_MASTER_DIRECT_TO_FP8 in faults else master_to_bf16(master, faults)
         write_fp8(p.qt, src, faults)
         p.qt.post_all_gather_processing()
     else:
-        p.data.copy_(master)
+        p.data.copy_(master_to_bf16(master, faults))
