@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import cli_fork
@@ -345,6 +346,38 @@ def test_tables_medians_and_fractions(tmp_path):
     assert pp.iloc[0]["param"] == "layers.0.mlp.fc1.weight" and pp.iloc[0]["n_tensors"] == 2
 
 
+def test_what_triage_md_prints_of_a_run_without_snapshots(tmp_path, monkeypatch):
+    """Without snapshots each row's median comes from its ULP histogram (the median bucket's lower
+    bound, marked as an estimate); triage.md's per step and phase table prints each cell in its
+    column; the files written and a skipped Parquet are named; a lone
+    differing tensor is not called several; a run without divergences has a typed, empty growth
+    column."""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import fails: the CSV-only path
+    rows = [(1, "grad_reduce", 0, "layers.0.mlp.fc1.weight", 10, 1000, 1),
+            (1, "grad_reduce", 1, "layers.0.mlp.fc1.weight", 30, 1000, 50),
+            (1, "optimizer", 0, "layers.1.mlp.fc2.weight.master", 5, 500, 7),
+            (3, "param_sync", 0, "head.weight", 2, 200, 200)]
+    df = triage.load_divergences(_write_run(tmp_path / "r", rows, steps=4))
+    assert list(df["median_ulp"]) == [1, 11, 3, 101] and not df["median_exact"].any()
+    res = triage.write_triage(df, tmp_path / "t")
+    assert res["files"][-1] == "(no Parquet files: pyarrow is not importable)"
+    md = Path(res["markdown"]).read_text()
+    section = md.split("### Per step and phase\n\n")[1].split("\n\n")[0]
+    table = [[c.strip() for c in r.strip("|").split("|")] for r in section.splitlines() if r.startswith("| ")]
+    head, cells = table[0], {(r[0], r[1]): dict(zip(table[0], r)) for r in table[1:]}
+    assert head == ["step", "phase", "n_tensors", "n_compared", "frac_tensors", "n_diff", "frac_diff",
+                    "max_ulp", "median_ulp"]
+    assert cells[("1", "grad_reduce")] == {"step": "1", "phase": "grad_reduce", "n_tensors": "2", "n_compared": "10",
+                                           "frac_tensors": "20%", "n_diff": "40", "frac_diff": "2%",
+                                           "max_ulp": "50", "median_ulp": "11 (est.)"}
+    files = md.split("## Files\n\n")[1].split("\n\n")[0].splitlines()
+    assert files == [f"- `{os.path.basename(f)}`" for f in res["files"][:-1]] and "- `divergences.csv`" in files
+    one = triage.load_divergences(_write_run(tmp_path / "one", [(1, "grad_reduce", 0, QKV, 1, 100, 1)]))
+    assert f"{QKV} / rank 0 (1 element, max 1 ULP): " in triage.diagnose(one)
+    empty = triage.drift(triage.load_divergences(_write_run(tmp_path / "none", [])))
+    assert empty.empty and str(empty["growth"].dtype) == "float64"
+
+
 def test_a_scenarios_section_shows_its_own_breakdowns(tmp_path):
     """triage.md computes the breakdowns once for every scenario of the run; each scenario's
     section shows what triaging that scenario alone shows."""
@@ -443,6 +476,7 @@ def test_a_snapshot_that_does_not_hold_what_the_run_compared_is_named(tmp_path):
     (note,) = [n for n in df.attrs["parity"]["scenarios"]["s"]["notes"] if "do not match" in n]
     assert note.startswith("1 snapshot tensor(s) do not match what the run compared") and \
         "first: step 0/optimizer/w.master/rank 0" in note
+    assert f"\n- note: {note}\n" in triage.render_markdown(df.reset_index())  # and triage.md says so
 
 
 def test_names():
