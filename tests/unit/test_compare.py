@@ -275,6 +275,8 @@ def test_unsupported_inputs_are_usage_errors():
     with pytest.raises(UsageError) as e:
         compare_tensors([1.0], torch.ones(1), "bad")
     assert e.value.exit_code == 2 and "bad" in str(e.value)
+    with pytest.raises(UsageError, match="bad: b is a list"):  # either side is checked, the second too
+        compare_tensors(torch.ones(1), [1.0], "bad")
 
     class Sub(torch.Tensor):
         pass
@@ -366,6 +368,11 @@ def test_ulp_distance_fnuz_and_e8m0():
 def test_ulp_distance_rejects_mixed_or_unsupported():
     with pytest.raises(UsageError, match="ulp_distance"):
         ulp_distance([1.0], torch.ones(1))  # either argument is checked, the first as well
+    with pytest.raises(UsageError, match="b is a list"):
+        ulp_distance(torch.ones(1), [1.0])
+    # what triage asks before it measures distances
+    assert all(cmp.is_ulp_dtype(d) for d in (torch.float32, torch.bfloat16, torch.float64, torch.float8_e4m3fn))
+    assert not any(cmp.is_ulp_dtype(d) for d in (torch.int32, torch.uint8, torch.bool))
     with pytest.raises(UsageError):
         ulp_distance(torch.ones(2), torch.ones(3))
     with pytest.raises(UsageError):
@@ -430,6 +437,16 @@ def test_first_failure_follows_phase_order():
     assert r.first_failure.startswith("step 3/grad_reduce/decoder.0.mlp.fc1.weight: 1 of 64")
 
 
+def test_a_missing_key_is_placed_in_phase_order_among_the_differing_tensors():
+    a = _capture()
+    b = {k: v.clone() for k, v in a.items() if k != "optimizer/decoder.0.mlp.fc1.weight"}
+    b["forward/loss"].view(torch.int32).add_(1)
+    r = compare_captures(a, b, prefix="step 3/")
+    assert r.missing == ["optimizer/decoder.0.mlp.fc1.weight"]
+    assert r.first_failure.startswith("step 3/forward/loss: ")  # forward comes before the optimizer
+    assert r.messages()[1] == "step 3/optimizer/decoder.0.mlp.fc1.weight: present in a, missing from b"
+
+
 def test_empty_key_set_is_vacuous():
     with pytest.raises(VacuousComparisonError) as e:
         compare_captures({}, {})
@@ -448,3 +465,7 @@ def test_require_nonempty_phases():
         require_nonempty_phases(cap, ["forward", "grad_local"], where="step 1/rank 0")
     with pytest.raises(VacuousComparisonError):
         require_nonempty_phases({"forward/x": torch.empty(0)}, ["forward"])
+    # phases as any iterable, a generator read once included
+    assert require_nonempty_phases(cap, (p for p in ("forward", "optimizer"))) == {"forward": 1, "optimizer": 1}
+    with pytest.raises(VacuousComparisonError, match="grad_local"):
+        require_nonempty_phases(cap, (p for p in ("forward", "grad_local")))
