@@ -39,6 +39,15 @@ def test_distopt_layout_aligned_starts_and_padded_bucket_ends():
     assert lay.numel_unpadded == 117 and lay.padding > 0
 
 
+def test_distopt_layout_closes_a_bucket_that_reaches_bucket_size_exactly():
+    """A bucket closes once it holds >= bucket_size elements (docs/spec/megatron.md s2.5), at
+    equality too: 64 + 64 fill a 128-element bucket, and the next param opens a new one."""
+    ps = _params(10, 64, 64)  # laid out in reverse: 64, 64, then 10
+    lay = distopt_layout(ps, bucket_size=128, dp=2)
+    assert lay.buckets == [(0, 128), (128, 256)]
+    assert lay.index[ps[0]] == (128, 138, 1)
+
+
 def test_padded_layout_keeps_params_inside_one_shard():
     ps = _params(300, 200, 100, 50)
     dp = 4
