@@ -349,9 +349,8 @@ def test_tables_medians_and_fractions(tmp_path):
 def test_what_triage_md_prints_of_a_run_without_snapshots(tmp_path, monkeypatch):
     """Without snapshots each row's median comes from its ULP histogram (the median bucket's lower
     bound, marked as an estimate); triage.md's per step and phase table prints each cell in its
-    column; the files written and a skipped Parquet are named; a lone
-    differing tensor is not called several; a run without divergences has a typed, empty growth
-    column."""
+    column; the files written and a skipped Parquet are named; a lone differing tensor is not
+    called several; a run without divergences has a typed, empty growth column."""
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import fails: the CSV-only path
     rows = [(1, "grad_reduce", 0, "layers.0.mlp.fc1.weight", 10, 1000, 1),
             (1, "grad_reduce", 1, "layers.0.mlp.fc1.weight", 30, 1000, 50),

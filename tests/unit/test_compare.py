@@ -365,14 +365,17 @@ def test_ulp_distance_fnuz_and_e8m0():
     assert ulp_distance(e[:1], e[1:]).item() == 3
 
 
+def test_the_ulp_dtypes_are_the_float_formats():
+    """What triage asks before it measures distances."""
+    assert all(cmp.is_ulp_dtype(d) for d in (torch.float32, torch.bfloat16, torch.float64, torch.float8_e4m3fn))
+    assert not any(cmp.is_ulp_dtype(d) for d in (torch.int32, torch.uint8, torch.bool))
+
+
 def test_ulp_distance_rejects_mixed_or_unsupported():
     with pytest.raises(UsageError, match="ulp_distance"):
         ulp_distance([1.0], torch.ones(1))  # either argument is checked, the first as well
     with pytest.raises(UsageError, match="b is a list"):
         ulp_distance(torch.ones(1), [1.0])
-    # what triage asks before it measures distances
-    assert all(cmp.is_ulp_dtype(d) for d in (torch.float32, torch.bfloat16, torch.float64, torch.float8_e4m3fn))
-    assert not any(cmp.is_ulp_dtype(d) for d in (torch.int32, torch.uint8, torch.bool))
     with pytest.raises(UsageError):
         ulp_distance(torch.ones(2), torch.ones(3))
     with pytest.raises(UsageError):
