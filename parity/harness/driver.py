@@ -23,7 +23,11 @@ from parity.harness.scenario import Scenario
 from parity.harness.timing import profiled, rank_cpu, start_parts, time_garbage_collection
 from parity.vocab import STEP_PHASES
 
-_SAMPLE_S = 0.5  # how often a rank's watcher thread looks at where its main thread is
+_SAMPLE_S = 0.5  # how often a rank's watcher thread asks whether the rank has gone quiet
+# How long the heartbeat must have been quiet before the watcher reads where the main thread is.
+# Reading it is not safe while gloo's threads make Python thread states, which they do as its
+# collectives complete (docs/spec/platform.md s1.3): a rank that makes progress is left alone.
+_QUIET_S = 2.0
 
 
 _THREAD_LINE = re.compile(r"(?:Current thread|Thread) 0x([0-9a-fA-F]+)")
@@ -48,7 +52,10 @@ def _read_stack(scratch: int, thread_id: int) -> list[tuple[str, str, str]]:
     faulthandler walks the interpreter's frames in C, under the GIL, making no frame objects.
     Walking them from Python instead (``sys._current_frames()`` and ``f_back``) holds frame
     objects of a running thread across GIL switches, and CPython 3.11 can crash on that: a CI
-    rank died of SIGSEGV in such a walk while its main thread imported sympy."""
+    rank died of SIGSEGV in such a walk while its main thread imported sympy. faulthandler's walk
+    has a hazard of its own: it reads the list of thread states without the lock that guards it,
+    and a thread state that another thread is making meanwhile crashes it (docs/spec/platform.md
+    s1.3), hence the watcher reads only a quiet rank's stack."""
     os.lseek(scratch, 0, os.SEEK_SET)
     faulthandler.dump_traceback(scratch, all_threads=True)
     size = os.lseek(scratch, 0, os.SEEK_CUR)  # an earlier, longer dump's tail lies past this
@@ -78,13 +85,34 @@ def _thread_policies() -> list[str] | None:
     return sorted(found)
 
 
+def _watch(state: dict, lock: threading.Lock, flush, thread_id: int, stop: threading.Event) -> None:
+    """The watcher thread: every ``_SAMPLE_S`` until ``stop``, if the heartbeat ``state`` has been
+    quiet for ``_QUIET_S``, record whether thread ``thread_id`` waits in a torch.distributed call
+    and its innermost parity frame, and post ``state`` (``flush``, ``lock`` held) when that changed."""
+    try:
+        with tempfile.TemporaryFile() as scratch:
+            while not stop.wait(_SAMPLE_S):
+                with lock:
+                    quiet = time.time() - state["t"] >= _QUIET_S
+                if not quiet:
+                    continue
+                found = _where(_read_stack(scratch.fileno(), thread_id))
+                with lock:
+                    if found != (state["in_collective"], state["where"]):
+                        state["in_collective"], state["where"] = found
+                        flush()
+    except Exception:
+        return  # diagnostics only: never disturb the run
+
+
 def rank_main_with_heartbeat(ctx, scenario, opts):
     """rank_main plus a heartbeat (the rank's status in the launcher's store), so a crash or hang
     can be placed at a rank and step.
 
-    Besides the step and phase the runner reports, a watcher thread records whether the main
-    thread is waiting in a torch.distributed call: when a rank hangs, its peers time out *inside a
-    collective* while the hung rank is somewhere else; that tells the culprit from its victims."""
+    Besides the step and phase the runner reports, a watcher thread records, once the heartbeat has
+    been quiet for ``_QUIET_S``, whether the main thread is waiting in a torch.distributed call and
+    in which parity function: when a rank hangs, its peers time out *inside a collective* while the
+    hung rank is somewhere else; that tells the culprit from its victims."""
     import parity.harness.runner as runner
 
     entered_at = time.time()
@@ -97,30 +125,20 @@ def rank_main_with_heartbeat(ctx, scenario, opts):
         ctx.post_status(state)
 
     def beat(step, phase):
-        with lock:
-            state.update(step=step, phase=phase, t=time.time())
+        with lock:  # where the main thread was while the rank was quiet no longer holds
+            state.update(step=step, phase=phase, t=time.time(), in_collective=False, where="")
             flush()
-
-    main_id = threading.get_ident()
-
-    def watch():
-        try:
-            with tempfile.TemporaryFile() as scratch:
-                while True:
-                    time.sleep(_SAMPLE_S)
-                    in_collective, where = _where(_read_stack(scratch.fileno(), main_id))
-                    with lock:
-                        if (in_collective, where) != (state["in_collective"], state["where"]):
-                            state.update(in_collective=in_collective, where=where)
-                            flush()
-        except Exception:
-            return  # diagnostics only: never disturb the run
 
     runner.HEARTBEAT = beat
     beat(-1, "build")
-    threading.Thread(target=watch, name="parity-progress-watch", daemon=True).start()
-    with profiled(opts.profile_path(scenario.name, ctx.rank), opts.profile):
-        res = rank_main(ctx, scenario, opts)
+    stop = threading.Event()
+    threading.Thread(target=_watch, args=(state, lock, flush, threading.get_ident(), stop),
+                     name="parity-progress-watch", daemon=True).start()
+    try:
+        with profiled(opts.profile_path(scenario.name, ctx.rank), opts.profile):
+            res = rank_main(ctx, scenario, opts)
+    finally:  # the process group's teardown follows: no beats, and gloo's threads at work
+        stop.set()
     res["cpu"] = rank_cpu()
     res["host"] = state["host"]  # where this rank's snapshot files are (OUT may be per node)
     res["entered_at"] = entered_at  # the parent's launch time to this: rank start-up

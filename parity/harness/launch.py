@@ -742,9 +742,11 @@ def _rank_main(
     if cfg.freeze_start_objects:
         gc.freeze()
     _adopt_std_streams(*std_fds)
-    # A rank killed by a fatal signal (SIGSEGV in native code) prints its threads' Python stacks
-    # to its stderr first, so the failure says where it happened.
-    faulthandler.enable()
+    # A rank killed by a fatal signal (SIGSEGV in native code) prints the Python stack of the thread
+    # that took the signal to its stderr first, so the failure says where it happened. Only that
+    # thread's: the others may be running, and walking a running thread's frames from a signal
+    # handler can crash before it reaches the one that matters (docs/spec/platform.md s1.3).
+    faulthandler.enable(all_threads=False)
     if cfg.prefix_output:
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
         sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")

@@ -3,6 +3,7 @@
 import os
 import tempfile
 import threading
+import time
 
 from parity.harness import driver
 
@@ -58,3 +59,45 @@ def test_where_names_the_innermost_parity_frame_and_a_wait_in_torch_distributed(
     assert driver._where(stack) == (True, "runner.py:42 step")
     assert driver._where(stack[1:]) == (False, "runner.py:42 step")
     assert driver._where([("/site/torch/nn/modules/module.py", "1", "forward")]) == (False, "")
+
+
+def _run_watch(monkeypatch, state, seconds):
+    """Run the watcher for ``seconds`` (samples every 10 ms, quiet after 0.2 s) on ``state``;
+    return (the threads whose stacks it read, the states it posted)."""
+    monkeypatch.setattr(driver, "_SAMPLE_S", 0.01)
+    monkeypatch.setattr(driver, "_QUIET_S", 0.2)
+    read, posted = [], []
+
+    def fake_read(scratch, thread_id):
+        read.append(thread_id)
+        return [("/site/torch/distributed/distributed_c10d.py", "1", "all_reduce"),
+                (f"{PARITY}/runner.py", "7", "step")]
+
+    monkeypatch.setattr(driver, "_read_stack", fake_read)
+    stop, lock = threading.Event(), threading.Lock()
+    t = threading.Thread(target=driver._watch, args=(state, lock, lambda: posted.append(dict(state)), 42, stop))
+    t.start()
+    stop.wait(seconds)
+    stop.set()
+    t.join(30)
+    assert not t.is_alive()  # stop ends it
+    return read, posted
+
+
+def test_the_watcher_leaves_a_rank_that_beats_alone(monkeypatch):
+    # a beat 0.1 s ago at every sample: never quiet for 0.2 s, so no stack is read (reading one
+    # races with the thread states gloo's threads make, docs/spec/platform.md s1.3)
+    class Recent(dict):
+        def __getitem__(self, k):
+            return time.time() - 0.1 if k == "t" else super().__getitem__(k)
+
+    state = Recent(t=0.0, in_collective=False, where="")
+    read, posted = _run_watch(monkeypatch, state, 0.5)
+    assert read == [] and posted == []
+
+
+def test_the_watcher_places_a_quiet_rank_once(monkeypatch):
+    state = {"t": time.time() - 10.0, "in_collective": False, "where": ""}
+    read, posted = _run_watch(monkeypatch, state, 0.5)
+    assert len(read) > 1 and set(read) == {42}  # the main thread's stack, at every sample
+    assert posted == [{"t": state["t"], "in_collective": True, "where": "runner.py:7 step"}]  # posted once
