@@ -57,6 +57,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import random
 import signal
 import socket
 import sys
@@ -292,9 +293,31 @@ class RankFailure(RuntimeError):
         return "\n".join(lines)
 
 
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (another process may take it before you bind it)."""
+    """A TCP port for a server that another process starts later (a torchrun rendezvous, a
+    MASTER_PORT): free a moment ago, and where the kernel can tell, outside the range it hands out
+    to ``bind(0)`` and ``connect()``, where gloo's listeners and the stores take theirs meanwhile
+    (docs/spec/platform.md s1.4). Only another process choosing ports this way can still take it
+    first."""
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):  # not Linux: any port bind(0) gives
+        low, high = 10000, 65535
+    below, above = range(10000, low), range(max(10000, high + 1), 65536)
+    pool = below if len(below) >= len(above) else above
+    rng = random.Random()  # its own: the caller's seeding of the random module must not matter
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        for _ in range(200 if len(pool) >= 1000 else 0):
+            port = rng.choice(pool)
+            try:
+                s.bind((host, port))
+            except OSError:  # in use: try another
+                continue
+            return port
         s.bind((host, 0))
         return s.getsockname()[1]
 

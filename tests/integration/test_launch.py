@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import CPU_PINS, DeterminismError, openblas_coretype
+from parity.harness import launch as launch_module
 from parity.harness.launch import LaunchConfig, RankFailure, free_port, launch
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -462,6 +463,49 @@ def test_free_port():
     with socket.socket() as s:  # free: a store can listen on it
         s.bind(("127.0.0.1", port))
         s.listen(1)
+
+
+def test_free_port_stays_out_of_the_ports_the_kernel_hands_out(tmp_path, monkeypatch):
+    # the ports gloo and the stores take by bind(0) and connect() come from the ephemeral range: a
+    # port chosen there for a later server was taken meanwhile in a CI run
+    ranges = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(launch_module, "_EPHEMERAL_RANGE_FILE", str(ranges))
+    ranges.write_text("32768\t60999\n")
+    ports = [free_port() for _ in range(20)]
+    assert all(10000 <= p < 32768 for p in ports) and len(set(ports)) > 1, ports
+    ranges.write_text("1024 50000")  # more room above than below
+    assert all(50000 < free_port() <= 65535 for _ in range(20))
+    for text in ("10000 65535", None):  # no room outside, or no range to read: a port bind(0) gives
+        if text is None:
+            ranges.unlink()
+        else:
+            ranges.write_text(text)
+        port = free_port()
+        assert port > 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_free_port_passes_over_a_port_in_use(tmp_path, monkeypatch):
+    with socket.socket() as taken, socket.socket() as other:
+        taken.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))
+        busy, free = taken.getsockname()[1], other.getsockname()[1]
+        other.close()
+
+        class FirstTheBusyOne:  # stands in for random.Random: offers the busy port, then the free one
+            def __init__(self):
+                self.offered = []
+
+            def choice(self, pool):
+                self.offered.append(busy if not self.offered else free)
+                return self.offered[-1]
+
+        ranges = tmp_path / "ip_local_port_range"
+        ranges.write_text("65000 65535")
+        monkeypatch.setattr(launch_module, "_EPHEMERAL_RANGE_FILE", str(ranges))
+        monkeypatch.setattr(launch_module.random, "Random", FirstTheBusyOne)
+        assert free_port() == free != busy
 
 
 def test_results_gathered_to_rank_0_under_torchrun(tmp_path):
