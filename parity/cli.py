@@ -470,7 +470,9 @@ def cmd_run(args, argv) -> int:
     writer = is_report_writer()  # under torchrun global rank 0 alone writes report, summary, JUnit
     if args.junit and writer:
         _check_writable_file(args.junit, "--junit")
-    start_early({s.device for s in scenarios})  # the input is valid: a server imports beside us
+    # the input is valid: a server imports beside us
+    start_early({s.device for s in scenarios},
+                checkpoints=bool(args.resume_from) or any(s.resume_at is not None for s in scenarios))
     import_torch_uncollected()
     from parity.harness import report as rep
     from parity.harness.driver import run_scenario
@@ -698,7 +700,7 @@ def cmd_selftest(args, argv) -> int:
     from parity.harness.forkserver import start_early
     from parity.harness.selftest import selftest_command
 
-    start_early()
+    start_early(checkpoints=True)  # the catalogue's checkpoint faults save and load
     return selftest_command(args)
 
 

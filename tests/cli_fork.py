@@ -65,11 +65,13 @@ def _serve(path: str) -> None:
 
     started_with = dict(os.environ)  # what a request's environment is compared with
     pin_before_torch()  # what parity.cli.main does first, before torch loads
-    from parity.harness.forkserver import PRELOAD
+    from parity.harness.forkserver import preload
 
     cli = importlib.import_module("parity.cli")
     cli.import_torch_uncollected()  # as the command does: torch imported uncollected, then frozen
-    for module in PRELOAD:  # the launcher and the whole stack
+    # the launcher and the whole stack, and the checkpoint code: a command that saves or loads
+    # imports it before it forks its ranks, and many of the suite's commands do
+    for module in preload(checkpoints=True):
         importlib.import_module(module)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -6,7 +6,7 @@ import threadpoolctl
 import torch
 import torch.distributed as dist
 
-from parity.harness.forkserver import usable_cpus
+from parity.harness.forkserver import start_early, usable_cpus
 
 # Every test process computes on one thread, as every rank does (parity.distributed.determinism):
 # the two xdist workers share 2 CPUs, and an idle pool thread of torch's OpenMP or of numpy's
@@ -27,6 +27,16 @@ def single_rank():
     each)."""
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server_with_the_checkpoint_code():
+    """The fork server of this test process (the ranks of the scenarios tests run in-process fork
+    from it) imports the checkpoint code once. Many of those ranks save or load a checkpoint, and a
+    server first started by a launch that does neither leaves each of them to import it: 0.65 s of
+    CPU apiece, 105 ranks in the checkpointing tests (docs/measurements.md, forty-fourth session)."""
+    start_early(checkpoints=True)
     yield
 
 

@@ -149,12 +149,13 @@ def rank_main_with_heartbeat(ctx, scenario, opts):
     return res
 
 
-def launch_config(scenario: Scenario, timeout_s: float, allow_nondeterministic: bool) -> LaunchConfig:
+def launch_config(scenario: Scenario, opts: RunOptions, timeout_s: float, allow_nondeterministic: bool) -> LaunchConfig:
     cuda = scenario.device == "cuda"
     return LaunchConfig(world_size=scenario.world, backend="nccl" if cuda else "gloo",
                         device=scenario.device, timeout_s=timeout_s,
                         deadline_s=max(600.0, 60.0 * scenario.steps), grace_s=3.0,
                         allow_nondeterministic=allow_nondeterministic,
+                        checkpoints=opts.save_at is not None or opts.load_from is not None,
                         # Ranks fork from a server that imported torch and the stack once (seconds
                         # saved per launch; on CUDA also the loading of torch's CUDA libraries). The
                         # server never touches CUDA, so no CUDA state is forked: torch refuses CUDA
@@ -178,7 +179,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, *, timeout_s: float = 60.
     check_fits(scenario)
     t0, launched_at = time.perf_counter(), time.time()
     try:
-        results = launch(rank_main_with_heartbeat, launch_config(scenario, timeout_s, allow_nondeterministic),
+        results = launch(rank_main_with_heartbeat, launch_config(scenario, opts, timeout_s, allow_nondeterministic),
                          scenario, opts)
     except RankFailure as e:
         failure = _place_failure(e, e.statuses)

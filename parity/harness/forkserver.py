@@ -24,6 +24,16 @@ them again: torch with the launcher, the runner with the whole stack (what a ran
 unpickles). Nothing a rank runs imports torch._dynamo (about 1 s of CPU more):
 parity.optim.eager and parity.distributed.determinism avoid the two torch calls that would."""
 
+CHECKPOINT_PRELOAD = ["parity.harness.resume"]
+"""Imported as well where the ranks save or load a checkpoint: the checkpoint code with
+torch.distributed.checkpoint, about 0.65 s of CPU per process that imports it (measured in the
+forty-fourth session: 105 ranks of the suite's checkpointing tests each imported it themselves)."""
+
+
+def preload(checkpoints: bool) -> list[str]:
+    """The modules a fork server (or a process forking its ranks itself) imports once for its ranks."""
+    return PRELOAD + CHECKPOINT_PRELOAD if checkpoints else PRELOAD
+
 
 FORK_MAX_CPUS = 2
 """A command pinned before torch (the CLI) forks its CPU ranks itself on a machine with at most this
@@ -48,22 +58,24 @@ def forks_cpu_ranks() -> bool:
     return pinned_before_torch() and usable_cpus() <= FORK_MAX_CPUS
 
 
-def context():
-    """The forkserver start context, with the server's preload list set."""
+def context(checkpoints: bool = False):
+    """The forkserver start context, with the preload list of a server not started yet
+    (``checkpoints``: for ranks that save or load checkpoints)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(preload(checkpoints))
     return ctx
 
 
-def start_early(devices=("cpu",)) -> None:
-    """Start the fork server now, in the background, for ranks on ``devices``. A no-op under
-    torchrun (its supervisors start ranks themselves), when the server runs already, or when the
-    ranks will be forked from this process instead (:func:`forks_cpu_ranks`, CPU ranks only;
-    should the process run a second thread by the time it launches, the server starts then)."""
+def start_early(devices=("cpu",), checkpoints: bool = False) -> None:
+    """Start the fork server now, in the background, for ranks on ``devices`` (``checkpoints``:
+    some of them save or load checkpoints). A no-op under torchrun (its supervisors start ranks
+    themselves), when the server runs already, or when the ranks will be forked from this process
+    instead (:func:`forks_cpu_ranks`, CPU ranks only; should the process run a second thread by the
+    time it launches, the server starts then)."""
     if under_torchrun() or (forks_cpu_ranks() and set(devices) <= {"cpu"}):
         return
     from multiprocessing import forkserver
 
-    context()
+    context(checkpoints)
     with pinned_environ():  # its numpy loads OpenBLAS on the pinned kernels
         forkserver.ensure_running()

@@ -102,7 +102,8 @@ def golden_command(args, resolve) -> int:
     if runnable:
         from parity.harness.forkserver import start_early
 
-        start_early({s.device for s in runnable})  # its imports run beside the golden checks below
+        # its imports run beside the golden checks below
+        start_early({s.device for s in runnable}, checkpoints=any(s.resume_at is not None for s in runnable))
     found = prepare(runnable, root, allow_other_platform=args.action == "check" and args.allow_other_platform) \
         if args.action == "check" else {}
     worst = 0

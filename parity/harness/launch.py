@@ -75,7 +75,7 @@ import torch.distributed as dist
 
 from parity.distributed.determinism import apply_determinism
 from parity.distributed.pins import pinned_before_torch, pinned_environ
-from parity.harness.forkserver import PRELOAD, context, forks_cpu_ranks
+from parity.harness.forkserver import context, forks_cpu_ranks, preload
 from parity.harness.torchrun_env import refuse_restarts, under_torchrun
 
 __all__ = [
@@ -158,6 +158,9 @@ class LaunchConfig:
     170k) out of the garbage collector's reach (``gc.freeze``): they live until the rank ends, and
     a full collection walked all of them, 0.2-0.3 s per CPU rank, copying each page it touched of
     a forked rank's memory (docs/measurements.md, twelfth session)."""
+    checkpoints: bool = False
+    """The ranks save or load a checkpoint: the process they are forked from imports the checkpoint
+    code first (parity.harness.forkserver.CHECKPOINT_PRELOAD), rather than every rank."""
     start_method: str = "spawn"
     """"spawn": every rank is a fresh interpreter (imports torch itself: about 1.3 s of CPU per rank).
     "forkserver": ranks are forked from a server process that imported torch once per parent
@@ -1067,10 +1070,10 @@ def _supervise(fn: Callable[..., Any], cfg: LaunchConfig, args: tuple, plans: li
     if plans[0].launcher != "torchrun":
         plans = [dataclasses.replace(plan, launcher=method) for plan in plans]
     if method == "fork":
-        for name in PRELOAD:  # once here, rather than once in every rank
+        for name in preload(cfg.checkpoints):  # once here, rather than once in every rank
             importlib.import_module(name)
     if method == "forkserver":
-        ctx = context()  # the server imported torch and the stack once (parity/harness/forkserver.py)
+        ctx = context(cfg.checkpoints)  # the server imported torch and the stack once (parity/harness/forkserver.py)
     else:
         ctx = mp.get_context(method)
     mon = _Monitor(plans[0].world_size, [p.rank for p in plans])

@@ -7,6 +7,7 @@ rank starts in ~0.1 s instead of ~1-2 s, and the failure handling is the same co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -540,3 +541,19 @@ def test_results_gathered_to_rank_0_under_torchrun(tmp_path):
         assert result["rank"] == rank and result["world_size"] == 2 and result["sum"] == 3.0
         assert result["nccl_algo"] == "Ring" and result["threads"] == 1 and result["deterministic"] is True
     assert results[0]["pid"] != results[1]["pid"]
+
+
+def test_ranks_that_save_or_load_have_the_checkpoint_code_imported_for_them():
+    # torch.distributed.checkpoint costs a process 0.65 s of CPU to import: the process the ranks
+    # fork from imports it once, when they will save or load, and not otherwise
+    from parity.harness import driver, forkserver
+    from parity.harness.runner import RunOptions
+    from parity.harness.scenario import Scenario
+
+    assert forkserver.preload(False) == forkserver.PRELOAD
+    assert forkserver.preload(True) == forkserver.PRELOAD + ["parity.harness.resume"]
+    s, plain = Scenario("x"), RunOptions()
+    cases = {"plain": plain, "saves": dataclasses.replace(plain, save_at=1, save_to="/c"),
+             "loads": dataclasses.replace(plain, load_from="/c")}
+    assert {k: driver.launch_config(s, o, 60.0, False).checkpoints for k, o in cases.items()} == \
+        {"plain": False, "saves": True, "loads": True}
