@@ -26,8 +26,8 @@ parity.optim.eager and parity.distributed.determinism avoid the two torch calls 
 
 CHECKPOINT_PRELOAD = ["parity.harness.resume"]
 """Imported as well where the ranks save or load a checkpoint: the checkpoint code with
-torch.distributed.checkpoint, about 0.65 s of CPU per process that imports it (measured in the
-forty-fourth session: 105 ranks of the suite's checkpointing tests each imported it themselves)."""
+torch.distributed.checkpoint, about 0.65 s of CPU per process that imports it (105 ranks of the
+suite's checkpointing tests each imported it themselves: docs/measurements.md, forty-fourth session)."""
 
 
 def preload(checkpoints: bool) -> list[str]:
