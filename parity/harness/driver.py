@@ -63,10 +63,15 @@ def _read_stack(scratch: int, thread_id: int) -> list[tuple[str, str, str]]:
 
 
 def _where(stack: list[tuple[str, str, str]]) -> tuple[bool, str]:
-    """(waiting in a torch.distributed call?, innermost parity frame) of a stack, innermost
-    first."""
+    """(waiting in a collective?, innermost parity frame) of a stack, innermost first.
+
+    Waiting: the innermost Python frame is a function of torch.distributed, or of parity's
+    collectives layer (parity/distributed/), whose waits on a collective it started call
+    ``Work.wait`` from its own code. Not the module code of an import of a torch.distributed
+    package, which runs no collective."""
     stack = [(fn.replace(os.sep, "/"), line, func) for fn, line, func in stack]
-    in_collective = any("/torch/distributed/" in fn for fn, _, _ in stack)
+    fn, _, func = stack[0] if stack else ("", "", "")
+    in_collective = ("/torch/distributed/" in fn and func != "<module>") or "/parity/distributed/" in fn
     where = next((f"{os.path.basename(fn)}:{line} {func}" for fn, line, func in stack if "/parity/" in fn), "")
     return in_collective, where
 

@@ -59,6 +59,20 @@ def test_where_names_the_innermost_parity_frame_and_a_wait_in_torch_distributed(
     assert driver._where(stack) == (True, "runner.py:42 step")
     assert driver._where(stack[1:]) == (False, "runner.py:42 step")
     assert driver._where([("/site/torch/nn/modules/module.py", "1", "forward")]) == (False, "")
+    assert driver._where([]) == (False, "")
+
+
+def test_a_wait_in_parity_collectives_counts_and_an_import_of_torch_distributed_does_not():
+    below = [(f"{PARITY}/runner.py", "42", "step")]
+    # a collective parity started and now waits on: Work.wait is C, so parity's frame is innermost
+    waits = [(f"{os.path.dirname(PARITY)}/distributed/collectives.py", "416", "wait")] + below
+    assert driver._where(waits) == (True, "collectives.py:416 wait")
+    # a torch.distributed package's module code runs during an import: no collective
+    importing = [("/site/torch/distributed/checkpoint/__init__.py", "3", "<module>"),
+                 ("<frozen importlib._bootstrap>", "241", "_call_with_frames_removed")] + below
+    assert driver._where(importing) == (False, "runner.py:42 step")
+    # a torch.distributed frame further out does not make the innermost work a wait
+    assert driver._where(below + [("/site/torch/distributed/distributed_c10d.py", "1", "f")])[0] is False
 
 
 def _run_watch(monkeypatch, state, seconds):
