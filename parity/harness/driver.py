@@ -92,8 +92,9 @@ def _thread_policies() -> list[str] | None:
 
 def _watch(state: dict, lock: threading.Lock, flush, thread_id: int, stop: threading.Event) -> None:
     """The watcher thread: every ``_SAMPLE_S`` until ``stop``, if the heartbeat ``state`` has been
-    quiet for ``_QUIET_S``, record whether thread ``thread_id`` waits in a torch.distributed call
-    and its innermost parity frame, and post ``state`` (``flush``, ``lock`` held) when that changed."""
+    quiet for ``_QUIET_S``, record whether thread ``thread_id`` waits in a collective and its
+    innermost parity frame (:func:`_where`), and post ``state`` (``flush``, ``lock`` held) when that
+    changed."""
     try:
         with tempfile.TemporaryFile() as scratch:
             while not stop.wait(_SAMPLE_S):
@@ -115,8 +116,8 @@ def rank_main_with_heartbeat(ctx, scenario, opts):
     can be placed at a rank and step.
 
     Besides the step and phase the runner reports, a watcher thread records, once the heartbeat has
-    been quiet for ``_QUIET_S``, whether the main thread is waiting in a torch.distributed call and
-    in which parity function: when a rank hangs, its peers time out *inside a collective* while the
+    been quiet for ``_QUIET_S``, whether the main thread is waiting in a collective and in which
+    parity function: when a rank hangs, its peers time out *inside a collective* while the
     hung rank is somewhere else; that tells the culprit from its victims."""
     import parity.harness.runner as runner
 

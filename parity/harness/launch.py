@@ -313,14 +313,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     below, above = range(10000, low), range(max(10000, high + 1), 65536)
     pool = below if len(below) >= len(above) else above
     rng = random.Random()  # its own: the caller's seeding of the random module must not matter
+    tries = 200 if len(pool) >= 1000 else 0  # a sliver of a range outside is not worth searching
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        for _ in range(200 if len(pool) >= 1000 else 0):
-            port = rng.choice(pool)
+        for port in (rng.choice(pool) for _ in range(tries)):
             try:
                 s.bind((host, port))
+                return port
             except OSError:  # in use: try another
-                continue
-            return port
+                pass
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -75,9 +75,10 @@ def test_a_wait_in_parity_collectives_counts_and_an_import_of_torch_distributed_
     assert driver._where(below + [("/site/torch/distributed/distributed_c10d.py", "1", "f")])[0] is False
 
 
-def _run_watch(monkeypatch, state, seconds):
-    """Run the watcher for ``seconds`` (samples every 10 ms, quiet after 0.2 s) on ``state``;
-    return (the threads whose stacks it read, the states it posted)."""
+def _run_watch(monkeypatch, state, seconds, reads_wanted=None):
+    """Run the watcher on ``state`` (samples every 10 ms, quiet after 0.2 s) for ``seconds``, or
+    until it has read ``reads_wanted`` stacks (at most 30 s); return (the threads whose stacks it
+    read, the states it posted)."""
     monkeypatch.setattr(driver, "_SAMPLE_S", 0.01)
     monkeypatch.setattr(driver, "_QUIET_S", 0.2)
     read, posted = [], []
@@ -91,7 +92,12 @@ def _run_watch(monkeypatch, state, seconds):
     stop, lock = threading.Event(), threading.Lock()
     t = threading.Thread(target=driver._watch, args=(state, lock, lambda: posted.append(dict(state)), 42, stop))
     t.start()
-    stop.wait(seconds)
+    if reads_wanted is None:
+        stop.wait(seconds)
+    else:  # however slowly a loaded machine runs the watcher
+        end = time.monotonic() + 30
+        while len(read) < reads_wanted and time.monotonic() < end:
+            time.sleep(0.01)
     stop.set()
     t.join(30)
     assert not t.is_alive()  # stop ends it
@@ -102,16 +108,22 @@ def test_the_watcher_leaves_a_rank_that_beats_alone(monkeypatch):
     # a beat 0.1 s ago at every sample: never quiet for 0.2 s, so no stack is read (reading one
     # races with the thread states gloo's threads make, docs/spec/platform.md s1.3)
     class Recent(dict):
+        asked = 0
+
         def __getitem__(self, k):
-            return time.time() - 0.1 if k == "t" else super().__getitem__(k)
+            if k == "t":
+                Recent.asked += 1
+                return time.time() - 0.1
+            return super().__getitem__(k)
 
     state = Recent(t=0.0, in_collective=False, where="")
     read, posted = _run_watch(monkeypatch, state, 0.5)
+    assert Recent.asked > 1  # it looked, more than once
     assert read == [] and posted == []
 
 
 def test_the_watcher_places_a_quiet_rank_once(monkeypatch):
     state = {"t": time.time() - 10.0, "in_collective": False, "where": ""}
-    read, posted = _run_watch(monkeypatch, state, 0.5)
-    assert len(read) > 1 and set(read) == {42}  # the main thread's stack, at every sample
+    read, posted = _run_watch(monkeypatch, state, None, reads_wanted=3)
+    assert len(read) >= 3 and set(read) == {42}  # the main thread's stack, at every sample
     assert posted == [{"t": state["t"], "in_collective": True, "where": "runner.py:7 step"}]  # posted once
