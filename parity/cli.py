@@ -446,7 +446,7 @@ def _apply_overrides(s, args, notes: list[str] | None = None):
 def cmd_run(args, argv) -> int:
     from parity.harness.errors import RuntimeFailure, UsageError
     from parity.harness.faults import parse_injection
-    from parity.harness.forkserver import start_early
+    from parity.harness.forkserver import start_early_for
     from parity.harness.torchrun_env import is_report_writer
 
     # The input first, without torch: bad input is answered in a fraction of a second.
@@ -471,8 +471,7 @@ def cmd_run(args, argv) -> int:
     if args.junit and writer:
         _check_writable_file(args.junit, "--junit")
     # the input is valid: a server imports beside us
-    start_early({s.device for s in scenarios},
-                checkpoints=bool(args.resume_from) or any(s.resume_at is not None for s in scenarios))
+    start_early_for(scenarios, resume_from=bool(args.resume_from))
     import_torch_uncollected()
     from parity.harness import report as rep
     from parity.harness.driver import run_scenario

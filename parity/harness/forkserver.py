@@ -79,3 +79,11 @@ def start_early(devices=("cpu",), checkpoints: bool = False) -> None:
     context(checkpoints)
     with pinned_environ():  # its numpy loads OpenBLAS on the pinned kernels
         forkserver.ensure_running()
+
+
+def start_early_for(scenarios, resume_from: bool = False) -> None:
+    """:func:`start_early` for the ranks of ``scenarios``: on their devices, with the checkpoint code
+    where one of them resumes mid-run (``resume_at``) or the run resumes from a checkpoint
+    (``resume_from``)."""
+    start_early({s.device for s in scenarios},
+                checkpoints=resume_from or any(s.resume_at is not None for s in scenarios))

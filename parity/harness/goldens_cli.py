@@ -100,10 +100,9 @@ def golden_command(args, resolve) -> int:
         else:
             runnable.append(_prefix(s, args.steps) if args.action == "check" else s)
     if runnable:
-        from parity.harness.forkserver import start_early
+        from parity.harness.forkserver import start_early_for
 
-        # its imports run beside the golden checks below
-        start_early({s.device for s in runnable}, checkpoints=any(s.resume_at is not None for s in runnable))
+        start_early_for(runnable)  # its imports run beside the golden checks below
     found = prepare(runnable, root, allow_other_platform=args.action == "check" and args.allow_other_platform) \
         if args.action == "check" else {}
     worst = 0

@@ -557,3 +557,19 @@ def test_ranks_that_save_or_load_have_the_checkpoint_code_imported_for_them():
              "loads": dataclasses.replace(plain, load_from="/c")}
     assert {k: driver.launch_config(s, o, 60.0, False).checkpoints for k, o in cases.items()} == \
         {"plain": False, "saves": True, "loads": True}
+
+
+def test_a_command_starts_its_server_for_the_devices_and_checkpoints_of_its_scenarios(monkeypatch):
+    # `parity run` and `parity golden` start the fork server once their input is valid: on the
+    # scenarios' devices, with the checkpoint code where one resumes or the run resumes from one
+    from parity.harness import forkserver
+    from parity.harness.scenario import Scenario
+
+    calls = []
+    monkeypatch.setattr(forkserver, "start_early", lambda devices, checkpoints: calls.append((devices, checkpoints)))
+    plain, resumes = Scenario("p"), Scenario("r", resume_at=2, steps=4)
+    gpu = dataclasses.replace(plain, device="cuda")
+    forkserver.start_early_for([plain, gpu])
+    forkserver.start_early_for([plain, resumes])
+    forkserver.start_early_for([plain], resume_from=True)
+    assert calls == [({"cpu", "cuda"}, False), ({"cpu"}, True), ({"cpu"}, True)]
