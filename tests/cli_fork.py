@@ -101,10 +101,10 @@ def _child(req: dict) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        from parity.distributed.pins import CPU_PINS
+        from parity.distributed.pins import LOAD_ENV
 
         # pin_before_torch's effect on the environment, which a fresh CLI would have (its ranks read it)
-        for name, value in {**CPU_PINS, "OPENBLAS_NUM_THREADS": "1"}.items():
+        for name, value in LOAD_ENV.items():
             os.environ.setdefault(name, value)
         for fd, name in ((0, os.devnull), (1, req["stdout"]), (2, req["stderr"])):
             f = os.open(name, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_TRUNC)

@@ -20,7 +20,7 @@ import platform
 import sys
 from collections.abc import Iterator
 
-__all__ = ["CPU_PINS", "OPENBLAS_CORETYPE", "cpu_flags", "cpuinfo_field", "pin_before_torch",
+__all__ = ["CPU_PINS", "LOAD_ENV", "OPENBLAS_CORETYPE", "cpu_flags", "cpuinfo_field", "pin_before_torch",
            "pinned_before_torch", "pinned_environ"]
 
 OPENBLAS_CORETYPE = "Haswell"
@@ -80,17 +80,22 @@ CPU_PINS: dict[str, str] = {
 if _has_avx2_fma():
     CPU_PINS["OPENBLAS_CORETYPE"] = OPENBLAS_CORETYPE
 
+LOAD_ENV: dict[str, str] = {**CPU_PINS, "OPENBLAS_NUM_THREADS": "1"}
+"""What a process needs in its environment when it loads numpy and torch: the pins, and one thread for
+numpy's OpenBLAS. Loaded without it, OpenBLAS sizes its pool to the host, and a forked rank that
+limits the pool to one thread (parity.distributed.determinism) starts a worker that spins idle
+(docs/spec/platform.md s1.2). A rank that wants more threads raises the count itself."""
+
 _pinned_before_torch = False
 
 
 def pin_before_torch() -> bool:
-    """Set :data:`CPU_PINS` and OPENBLAS_NUM_THREADS=1 in ``os.environ`` where unset, if torch is
-    not loaded yet (numpy's BLAS would otherwise start a pool of threads this process never uses).
-    Returns whether it did; :func:`pinned_before_torch` tells later."""
+    """Set :data:`LOAD_ENV` in ``os.environ`` where unset, if torch is not loaded yet. Returns
+    whether it did; :func:`pinned_before_torch` tells later."""
     global _pinned_before_torch
     if "torch" in sys.modules or "numpy" in sys.modules:
         return False
-    for name, value in {**CPU_PINS, "OPENBLAS_NUM_THREADS": "1"}.items():
+    for name, value in LOAD_ENV.items():
         os.environ.setdefault(name, value)
     _pinned_before_torch = True
     return True
@@ -104,12 +109,12 @@ def pinned_before_torch() -> bool:
 
 @contextlib.contextmanager
 def pinned_environ() -> Iterator[None]:
-    """``os.environ`` with :data:`CPU_PINS` set where unset, for the duration: a process started
+    """``os.environ`` with :data:`LOAD_ENV` set where unset, for the duration: a process started
     inside (a spawned rank, a fork server) loads numpy's OpenBLAS on the pinned kernels, which it
-    could no longer change once torch is imported. Restored afterwards."""
-    added = [name for name in CPU_PINS if name not in os.environ]
+    could no longer change once torch is imported, with one thread. Restored afterwards."""
+    added = [name for name in LOAD_ENV if name not in os.environ]
     for name in added:
-        os.environ[name] = CPU_PINS[name]
+        os.environ[name] = LOAD_ENV[name]
     try:
         yield
     finally:

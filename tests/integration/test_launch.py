@@ -56,7 +56,20 @@ def _sum_ranks(ctx, scale):
         "launcher": ctx.launcher,
         "openblas": openblas_coretype(),
         "start_env_blas": _start_env().get("OPENBLAS_CORETYPE"),
+        "start_env_blas_threads": _start_env().get("OPENBLAS_NUM_THREADS"),
+        "blas_workers": _anonymous_native_threads(),
     }
+
+
+def _anonymous_native_threads() -> int:
+    """This process's threads that Python does not know and that carry the main thread's name:
+    OpenBLAS's pool workers (gloo's and torch's own threads are named)."""
+    import threading
+
+    known = {t.native_id for t in threading.enumerate()}
+    main = Path("/proc/self/comm").read_text()
+    return sum(1 for tid in os.listdir("/proc/self/task")
+               if int(tid) not in known and Path(f"/proc/self/task/{tid}/comm").read_text() == main)
 
 
 def _start_env() -> dict[str, str]:
@@ -216,6 +229,9 @@ def test_launch_results_in_rank_order(world_size, start_method, capfd, monkeypat
         assert r["extra"] == "yes" and r["launcher"] == start_method
         if "OPENBLAS_CORETYPE" in CPU_PINS:  # the rank's process started pinned, and OpenBLAS runs the pin
             assert r["start_env_blas"] == r["openblas"] == CPU_PINS["OPENBLAS_CORETYPE"], r
+        # numpy's OpenBLAS loaded with one thread: a pool sized to the host would start workers
+        # again when the rank limits it to one, and their idle spin costs CPU (pins.LOAD_ENV)
+        assert (r["start_env_blas_threads"], r["blas_workers"]) == ("1", 0), r
     _assert_no_orphans([r["pid"] for r in results])
     out = capfd.readouterr().out
     for rank in range(world_size):

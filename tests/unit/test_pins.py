@@ -62,16 +62,18 @@ def test_haswell_kernels_only_where_the_cpu_runs_them(cpuinfo, monkeypatch, mach
 
 
 def test_pinned_environ_sets_the_unset_pins_for_its_duration(monkeypatch):
-    for name in pins.CPU_PINS:
+    # the pins and one BLAS thread: a fork server or spawned rank loads numpy's OpenBLAS that way
+    assert pins.LOAD_ENV == {**pins.CPU_PINS, "OPENBLAS_NUM_THREADS": "1"}
+    for name in pins.LOAD_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AUTO")  # the caller's own value stays, during and after
     with pins.pinned_environ():
         assert os.environ["MKL_CBWR"] == "AUTO"
-        for name, value in pins.CPU_PINS.items():
+        for name, value in pins.LOAD_ENV.items():
             if name != "MKL_CBWR":
                 assert os.environ[name] == value
     assert os.environ["MKL_CBWR"] == "AUTO"
-    assert not any(name in os.environ for name in pins.CPU_PINS if name != "MKL_CBWR")
+    assert not any(name in os.environ for name in pins.LOAD_ENV if name != "MKL_CBWR")
 
 
 _FRESH = """
