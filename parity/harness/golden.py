@@ -239,6 +239,19 @@ def manifest(rec: Record, files: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def manifest_changes(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The fields where two manifests differ, as dotted paths (``info.note``, ``platform.python``),
+    nested objects compared key by key: what changed in a golden whose records are bit-identical."""
+    out = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += manifest_changes(a, b, f"{prefix}{key}.")
+        elif a != b or (key in old) != (key in new):
+            out.append(f"{prefix}{key}")
+    return out
+
+
 def _parse(path: Path, m: Any) -> Record:
     def need(cond, what):
         if not cond:

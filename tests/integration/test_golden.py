@@ -1,6 +1,6 @@
 """Golden records: record, write, load, find, compare (exact and approximate tier), damage,
 platform ids without the CPU model, atomic replacement; and the CLI paths that use them
-(checked by default, prefix checks, a changed RMSNorm eps, a one-ULP master change in triage,
+(checked by default, prefix checks, a shared bug, a one-ULP master change in triage, regen's cases,
 CUDA scenarios skipped with a reason).
 
 The fast tests build records from synthetic captures (no ranks); the slow ones run `parity`.
@@ -477,12 +477,19 @@ golden_tensor_steps = [0, -1]
 model = { num_layers = 1, seq_len = 16, micro_batch = 1 }
 """
 
-# Loaded by every process of the run (parent, fork server, ranks): RMSNorm with eps 1e-6 instead
-# of 1e-5, on both sides of the pair, as a changed default would be.
+
 def parity(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k not in ("PARITY_GOLDENS", "ATEN_CPU_CAPABILITY", "MKL_CBWR")}
     e.update(env or {})
     return cli_fork.run(args, env=e, timeout=timeout, cwd=REPO)
+
+
+def test_manifest_changes_are_named_by_their_dotted_paths():
+    old = {"info": {"note": "x", "by": "a"}, "steps": 4, "platform": {"python": "3.11.7"}, "gone": 1}
+    new = {"info": {"by": "a"}, "steps": 4, "platform": {"python": "3.11.9"}, "tensor_steps": [0]}
+    assert golden.manifest_changes(old, new) == ["gone", "info.note", "platform.python", "tensor_steps"]
+    assert golden.manifest_changes(old, old) == []
+    assert golden.manifest_changes({"a": None}, {}) == ["a"]  # a key with a null value is still a key
 
 
 def test_check_steps_is_a_prefix_never_an_extension():
@@ -597,6 +604,25 @@ def test_regen_check_and_triage_of_a_one_ulp_master_change(tmp_path):
     assert accept in r.stdout
     r = parity("golden", "regen", scen, "--goldens", root)
     assert r.returncode == 0 and "golden unchanged" in r.stdout and accept not in r.stdout
+    # a golden that still passes but differs in a field the checks ignore: --only-failing keeps it
+    (manifest,) = root.rglob(golden.MANIFEST_NAME)
+    m = json.loads(manifest.read_text())
+    m["info"]["note"] = "kept"
+    manifest.write_text(json.dumps(m, indent=1))
+    r = parity("golden", "regen", scen, "--goldens", root, "--only-failing")
+    assert r.returncode == 0 and "tiny1: golden pass, skipped (--only-failing)" in r.stdout, r.stdout + r.stderr
+    assert json.loads(manifest.read_text())["info"]["note"] == "kept"
+    # without it the golden is rewritten, and the regen says what changed besides the records
+    r = parity("golden", "regen", scen, "--goldens", root)
+    assert r.returncode == 1 and "tiny1: golden changed at" in r.stdout, r.stdout + r.stderr
+    assert "  bit-identical to tiny1/" in r.stdout and "  the manifest differs in: info.note\n" in r.stdout
+    assert "note" not in json.loads(manifest.read_text())["info"]
+    # an unusable golden is named and replaced (written, not accepted)
+    manifest.write_text("{ not json")
+    r = parity("golden", "regen", scen, "--goldens", root)
+    assert r.returncode == 1 and "tiny1: replacing an unusable golden (" in r.stdout, r.stdout + r.stderr
+    assert "tiny1: golden created at" in r.stdout and accept in r.stdout
+    assert json.loads(manifest.read_text())["info"]["recorded_by"] == "parity golden regen"
     r = parity("golden", "check", scen, "--goldens", root, "--steps", "2", "--out", tmp_path / "o")
     assert r.returncode == 0 and "tiny1[steps=2]: golden pass" in r.stdout, r.stdout + r.stderr
     # a one-ULP bump of the first Muon master after step 1's update; the golden stores step 1? no:
