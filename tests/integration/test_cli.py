@@ -268,8 +268,55 @@ def test_each_override_flag_sets_its_scenario_field():
         assert s.name == f"default[{key}={want}]", (flag, s.name)
     s, _ = _overridden("--overlap")
     assert s.overlap is True and s.name == "default[overlap=True]"
+    s, _ = _overridden("--no-overlap", scenario="mxfp8-moe-w4-ep4-overlap-on-tied")
+    assert s.overlap is False and s.name == "mxfp8-moe-w4-ep4-overlap-on-tied[overlap=False]"
     s, _ = _overridden("--layout", "compact", scenario="padded-blockwise-overlap-pair")  # (FP8 gather: compact only)
     assert s.layout == "compact" and s.name == "padded-blockwise-overlap-pair[layout=compact]"
+
+
+def test_fewer_steps_keep_the_lr_schedule_of_the_whole_run():
+    # `--steps 3` of a 12-step cosine run: the first 3 steps of that run, not a 3-step schedule
+    s, notes = _overridden("--steps", "3", scenario="optim-blockwise-dense-w4-clip-cosine")
+    assert (s.steps, s.decay_steps, s.lr_decay_style) == (3, 12, "cosine")
+    assert notes == ["optim-blockwise-dense-w4-clip-cosine: --steps 3: the cosine LR schedule keeps its 12-step length"]
+
+
+def test_one_line_errors_keep_the_limit():
+    from parity.cli import _one_line
+
+    assert _one_line("a\n  b") == "a b"
+    assert _one_line("x" * 2000) == "x" * 2000
+    assert _one_line("x" * 2001) == "x" * 1997 + "..."
+
+
+def test_main_called_off_the_main_thread_leaves_sigterm_alone(tmp_path):
+    # an embedding program or a test calls main() from a thread: no handler can be installed there
+    import signal
+    import threading
+
+    from parity.cli import main
+
+    before, codes = signal.getsignal(signal.SIGTERM), []
+    t = threading.Thread(target=lambda: codes.append(main(["golden", "show", "none", "--goldens", str(tmp_path)])))
+    t.start()
+    t.join()
+    assert codes == [2] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_run_entry_prints_what_it_lacks_and_the_first_lines_of_long_lists(capsys):
+    from parity.cli import _print_entry
+
+    entry = {"name": "x", "status": "fail", "compared": 3, "elapsed_s": 1.0, "golden": "pass",
+             "missing_phases": ["optimizer", "param_sync"], "golden_messages": [f"m{i}" for i in range(30)],
+             "failed_checks": [{"check": f"c{i}", "message": "no"} for i in range(9)]}
+    _print_entry(entry, quiet=False)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[parity] x: FAIL (3 comparisons, 1.0 s, golden pass)"
+    assert out[1] == "  phases never compared: optimizer, param_sync"
+    assert [line for line in out if line.startswith("  golden: ")] == ["  golden: m0", "  golden: m1", "  golden: m2"]
+    assert sum(line.startswith("  check ") for line in out) == 5
+    _print_entry(dict(entry, golden="fail"), quiet=False)  # a failed golden lists more of its lines
+    assert sum(line.startswith("  golden: ") for line in capsys.readouterr().out.splitlines()) == 20
 
 
 def test_dense_is_the_opposite_of_moe():

@@ -48,23 +48,32 @@ def test_fault_is_caught(fault):
 
 @pytest.mark.slow
 @pytest.mark.ranks(2)
-def test_the_fault_matrix_tells_caught_from_never_reached():
+def test_the_fault_matrix_tells_caught_from_never_reached(tmp_path, monkeypatch, capsys):
     """`parity selftest --matrix`: rank 1's copy-back fault cannot run at world 1 (.) and is caught
     at world 2 (X); Newton-Schulz without eps runs everywhere, and only a never-routed expert's zero
-    update turns it into a NaN the checks see (o without one, X with one)."""
-    from parity.harness.selftest import fault_matrix, matrix_table
+    update turns it into a NaN the checks see (o without one, X with one). Through the command, on
+    two scenarios of the quick set (its whole set would run 15)."""
+    import json
+
+    import parity.harness.scenario as scenario_mod
+    from parity.cli import main
     from parity.harness.selftest import scenario as quick
 
-    m = fault_matrix([quick("w1-moe"), quick("w2-ep2-stress")],
-                     ["rank1-skips-rank0-slot", "muon-normalize-without-eps"], out=lambda *_: None)
+    two = [quick("w1-moe"), quick("w2-ep2-stress")]
+    monkeypatch.setattr(scenario_mod, "load_set", lambda name: two if name == "quick" else pytest.fail(name))
+    code = main(["selftest", "--matrix", "--set", "quick", "--out", str(tmp_path),
+                 "rank1-skips-rank0-slot", "muon-normalize-without-eps"])
+    assert code == 0
+    m = json.loads((tmp_path / "matrix.json").read_text())
     assert m["clean"] == {"quick-w1-moe": "pass", "quick-w2-ep2-stress": "pass"}
     assert [(c["fault"], c["scenario"], c["outcome"]) for c in m["cells"]] == [
         ("rank1-skips-rank0-slot", "quick-w1-moe", "never ran"),
         ("rank1-skips-rank0-slot", "quick-w2-ep2-stress", "caught"),
         ("muon-normalize-without-eps", "quick-w1-moe", "ran"),
         ("muon-normalize-without-eps", "quick-w2-ep2-stress", "caught")]
-    rows = matrix_table(m).splitlines()
+    rows = (tmp_path / "matrix.md").read_text().splitlines()
     assert rows[2] == "| rank1-skips-rank0-slot | . | X |" and rows[3] == "| muon-normalize-without-eps | o | X |"
+    assert "[selftest] matrix of 2 faults x 2 scenarios in " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("fired", [True, False])
