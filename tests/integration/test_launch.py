@@ -531,11 +531,20 @@ def test_results_gathered_to_rank_0_under_torchrun(tmp_path):
         import json, os, sys
         sys.path[:0] = [{str(REPO)!r}, {str(TESTS_DIR)!r}]
         from parity.harness.launch import LaunchConfig, launch
-        from test_launch import _sum_ranks
+        from parity.harness.launch import RankFailure
+        from test_launch import _rank1_raises, _sum_ranks
         if __name__ == "__main__":
-            # Rank 0's torchrun worker gets every rank's result; the others get None.
-            results = launch(_sum_ranks, LaunchConfig(world_size=2), 1.0)
+            # Rank 0's torchrun worker gets every rank's result; the others get None. Two launches in
+            # one job: the second must see its own ranks' results, not the first's.
+            results = [launch(_sum_ranks, LaunchConfig(world_size=2), scale) for scale in (1.0, 3.0)]
             rank = int(os.environ["RANK"])
+            results = None if results == [None, None] else results
+            # and a third launch that fails fails on every worker (not only where the rank failed)
+            try:
+                launch(_rank1_raises, LaunchConfig(world_size=2, grace_s=1.0))
+            except RankFailure as e:
+                with open({str(tmp_path)!r} + f"/failed{{rank}}.txt", "w") as f:
+                    f.write(str(e.failures[0].rank))
             with open({str(tmp_path)!r} + f"/returned{{rank}}.json", "w") as f:
                 json.dump(results, f)
         """
@@ -549,14 +558,16 @@ def test_results_gathered_to_rank_0_under_torchrun(tmp_path):
         capture_output=True, text=True, timeout=120, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "returned0.json").read_text())
+    assert [(tmp_path / f"failed{r}.txt").read_text() for r in range(2)] == ["1", "1"]
+    first, second = json.loads((tmp_path / "returned0.json").read_text())
     assert json.loads((tmp_path / "returned1.json").read_text()) is None
-    assert len(results) == 2
-    for rank, result in enumerate(results):
-        assert result["launcher"] == "torchrun"
-        assert result["rank"] == rank and result["world_size"] == 2 and result["sum"] == 3.0
-        assert result["nccl_algo"] == "Ring" and result["threads"] == 1 and result["deterministic"] is True
-    assert results[0]["pid"] != results[1]["pid"]
+    assert len(first) == len(second) == 2
+    for results, total in ((first, 3.0), (second, 9.0)):
+        for rank, result in enumerate(results):
+            assert result["launcher"] == "torchrun"
+            assert result["rank"] == rank and result["world_size"] == 2 and result["sum"] == total
+            assert result["nccl_algo"] == "Ring" and result["threads"] == 1 and result["deterministic"] is True
+        assert results[0]["pid"] != results[1]["pid"]
 
 
 def test_ranks_that_save_or_load_have_the_checkpoint_code_imported_for_them():
