@@ -124,7 +124,8 @@ class LaunchConfig:
     """Run even if the environment violates the determinism rules (they become warnings)."""
     num_threads: int | None = 1
     """torch.set_num_threads and numpy's BLAS threads in every rank; None leaves torch's default and
-    the one BLAS thread a rank's numpy loads with (parity.distributed.pins.LOAD_ENV)."""
+    the BLAS pool as the rank's process loaded it (one thread in a fork server, a spawned rank or a
+    pinned CLI: parity.distributed.pins.LOAD_ENV)."""
     prefix_output: bool = True
     """Prefix each line a rank prints from Python with ``[rank N]``."""
     bind_cpu_ranks: bool = True
