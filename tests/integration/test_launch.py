@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from parity.distributed.determinism import CPU_PINS, DeterminismError, openblas_coretype
 from parity.harness import launch as launch_module
+from parity.harness.forkserver import FORK_MAX_CPUS, usable_cpus
 from parity.harness.launch import LaunchConfig, RankFailure, free_port, launch
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -584,6 +585,41 @@ def test_ranks_that_save_or_load_have_the_checkpoint_code_imported_for_them():
              "loads": dataclasses.replace(plain, load_from="/c")}
     assert {k: driver.launch_config(s, o, 60.0, False).checkpoints for k, o in cases.items()} == \
         {"plain": False, "saves": True, "loads": True}
+
+
+_START_EARLY_PROBE = """
+import sys
+from multiprocessing import forkserver
+from parity.distributed.pins import pin_before_torch
+from parity.harness.forkserver import start_early
+if sys.argv[1] == "pinned":
+    pin_before_torch()
+start_early(set(sys.argv[2].split(",")))
+print(forkserver._forkserver._forkserver_pid is not None)
+"""
+
+
+@pytest.mark.parametrize("pinned, devices", [("unpinned", "cpu"), ("pinned", "cpu"), ("pinned", "cpu,cuda")])
+def test_start_early_starts_the_server_at_once_unless_the_process_forks_its_ranks(pinned, devices):
+    # a command starts the server as soon as its input is valid, so its imports run beside the
+    # command's; a pinned process with few CPUs forks its CPU ranks itself and starts none
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", *CPU_PINS)}
+    r = subprocess.run([sys.executable, "-c", _START_EARLY_PROBE, pinned, devices], capture_output=True, text=True,
+                       timeout=60, env={**env, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    forks_itself = pinned == "pinned" and devices == "cpu" and usable_cpus() <= FORK_MAX_CPUS
+    assert r.stdout.strip() == str(not forks_itself)
+
+
+def _checkpoint_code_at_entry(ctx):
+    return {m: m in sys.modules for m in ("parity.harness.resume", "torch.distributed.checkpoint")}
+
+
+def test_ranks_forked_from_the_server_find_the_checkpoint_code_imported():
+    # the server of this test process was started early with the checkpoint code (tests/conftest.py,
+    # as `parity run` does for a run that saves or loads): its ranks do not import it again
+    results = launch(_checkpoint_code_at_entry, LaunchConfig(world_size=2, start_method="forkserver", checkpoints=True))
+    assert results == [{"parity.harness.resume": True, "torch.distributed.checkpoint": True}] * 2
 
 
 def test_a_command_starts_its_server_for_the_devices_and_checkpoints_of_its_scenarios(monkeypatch):
