@@ -66,12 +66,12 @@ def _where(stack: list[tuple[str, str, str]]) -> tuple[bool, str]:
     """(waiting in a collective?, innermost parity frame) of a stack, innermost first.
 
     Waiting: the innermost Python frame is a function of torch.distributed, or of parity's
-    collectives layer (parity/distributed/), whose waits on a collective it started call
-    ``Work.wait`` from its own code. Not the module code of an import of a torch.distributed
-    package, which runs no collective."""
+    collectives (parity/distributed/collectives.py, the one module of parity that calls
+    ``Work.wait``, a C function, on the collectives it started). Not the module code of an import
+    of a torch.distributed package, which runs no collective."""
     stack = [(fn.replace(os.sep, "/"), line, func) for fn, line, func in stack]
     fn, _, func = stack[0] if stack else ("", "", "")
-    in_collective = ("/torch/distributed/" in fn and func != "<module>") or "/parity/distributed/" in fn
+    in_collective = ("/torch/distributed/" in fn and func != "<module>") or fn.endswith("/parity/distributed/collectives.py")
     where = next((f"{os.path.basename(fn)}:{line} {func}" for fn, line, func in stack if "/parity/" in fn), "")
     return in_collective, where
 

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from parity.distributed.determinism import CPU_PINS, DeterminismError, openblas_coretype
+from parity.distributed.pins import LOAD_ENV
 from parity.harness import launch as launch_module
 from parity.harness.forkserver import FORK_MAX_CPUS, usable_cpus
 from parity.harness.launch import LaunchConfig, RankFailure, free_port, launch
@@ -603,7 +604,7 @@ print(forkserver._forkserver._forkserver_pid is not None)
 def test_start_early_starts_the_server_at_once_unless_the_process_forks_its_ranks(pinned, devices):
     # a command starts the server as soon as its input is valid, so its imports run beside the
     # command's; a pinned process with few CPUs forks its CPU ranks itself and starts none
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", *CPU_PINS)}
+    env = {k: v for k, v in os.environ.items() if k not in LOAD_ENV}
     r = subprocess.run([sys.executable, "-c", _START_EARLY_PROBE, pinned, devices], capture_output=True, text=True,
                        timeout=60, env={**env, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr

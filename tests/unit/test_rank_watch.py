@@ -67,6 +67,9 @@ def test_a_wait_in_parity_collectives_counts_and_an_import_of_torch_distributed_
     # a collective parity started and now waits on: Work.wait is C, so parity's frame is innermost
     waits = [(f"{os.path.dirname(PARITY)}/distributed/collectives.py", "416", "wait")] + below
     assert driver._where(waits) == (True, "collectives.py:416 wait")
+    # the rest of parity's distributed layer starts or waits on no collective of its own
+    busy = [(f"{os.path.dirname(PARITY)}/distributed/determinism.py", "90", "apply_cpu_pins")] + below
+    assert driver._where(busy) == (False, "determinism.py:90 apply_cpu_pins")
     # a torch.distributed package's module code runs during an import: no collective
     importing = [("/site/torch/distributed/checkpoint/__init__.py", "3", "<module>"),
                  ("<frozen importlib._bootstrap>", "241", "_call_with_frames_removed")] + below

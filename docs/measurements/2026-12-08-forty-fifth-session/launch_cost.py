@@ -1,3 +1,10 @@
+"""Busy CPU-seconds (/proc/stat, the whole machine) and wall time of launches from a fork server
+started by an unpinned process, as a pytest worker launches: 3 launches per step count.
+
+    python launch_cost.py SCENARIO STEPS [STEPS ...]      # e.g. blockwise-moe-w8-ep8-overlap-off 8
+    python launch_cost.py detail SCENARIO STEPS            # the report's start-up and harness timings
+    PYTHONPATH=/other/tree python launch_cost.py ...       # another tree
+"""
 import time, sys, tempfile
 import torch
 torch.set_num_threads(1)
